@@ -1,0 +1,425 @@
+//! One error type for everything a client can be told, rendered in either client format.
+//!
+//! Every client-visible failure is an [`ApiError`]: a [`ErrorKind`] (which fixes the HTTP
+//! status and the `type`/`code` fields of both formats, see DESIGN.md "Errors") plus a message
+//! written for the client. Nothing here knows about sockets: the proxy picks the renderer from
+//! the request's [`ClientFormat`] and writes the bytes.
+//!
+//! | kind | status | messages `error.type` | chat `type` / `code` |
+//! |---|---|---|---|
+//! | `Authentication` | 401 | `authentication_error` | `authentication_error` / `invalid_api_key` |
+//! | `InvalidRequest` | 400 | `invalid_request_error` | `invalid_request_error` / param |
+//! | `ModelNotFound` | 404 | `not_found_error` | `invalid_request_error` / `model_not_found` |
+//! | `InsufficientBalance` | 402 | `billing_error` | `insufficient_quota` / `insufficient_quota` |
+//! | `RateLimited` | 429 | `rate_limit_error` | `rate_limit_error` / `rate_limit_exceeded` |
+//! | `RequestTooLarge` | 413 | `request_too_large` | `invalid_request_error` / `request_too_large` |
+//! | `Overloaded` | 529 / 503 | `overloaded_error` | `server_error` / `upstream_unavailable` |
+//! | `UpstreamTimeout` | 504 | `timeout_error` | `server_error` / `upstream_timeout` |
+
+use bytes::Bytes;
+use std::fmt;
+
+/// The wire format a client speaks; decides how errors and streams are rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ClientFormat {
+    /// OpenAI chat completions (`POST /v1/chat/completions`).
+    Chat,
+    /// Anthropic messages (`POST /v1/messages`, `/v1/messages/count_tokens`).
+    Messages,
+}
+
+impl ClientFormat {
+    /// Stable label for logs, metrics and the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientFormat::Chat => "chat",
+            ClientFormat::Messages => "messages",
+        }
+    }
+}
+
+/// What went wrong, as far as the client is concerned. Decides status and error fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Missing, invalid or revoked key.
+    Authentication,
+    /// Malformed JSON, wrong field type, missing field, a value out of range. `param` names the
+    /// offending field (`messages[2].role`) for the chat format's `param`.
+    InvalidRequest { param: Option<String> },
+    /// The upstream said the prompt does not fit the model's context window.
+    ContextLengthExceeded,
+    /// The model name is not a slug (nor an alias of one).
+    ModelNotFound,
+    /// No such route.
+    RouteNotFound,
+    /// The route exists but not with this method.
+    MethodNotAllowed,
+    /// The tenant's balance minus open reservations does not cover the request's worst case.
+    InsufficientBalance,
+    /// A per-key or per-tenant limit was hit; `retry_after` is in whole seconds.
+    RateLimited { retry_after: u64 },
+    /// The request body is over the configured limit.
+    RequestTooLarge,
+    /// No healthy replica, or the upstream said it is overloaded.
+    Overloaded { retry_after: u64 },
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+    /// The upstream failed (5xx, reset, malformed response).
+    Upstream,
+    /// The upstream has no tokenizer endpoint (count_tokens).
+    TokenizerUnavailable,
+    /// A bug or an unexpected state in the gateway.
+    Internal,
+}
+
+impl ErrorKind {
+    /// HTTP status for this kind in the given format (overloaded differs: 529 vs 503).
+    pub fn status(&self, format: ClientFormat) -> u16 {
+        match self {
+            ErrorKind::Authentication => 401,
+            ErrorKind::InvalidRequest { .. } => 400,
+            ErrorKind::ContextLengthExceeded => 400,
+            ErrorKind::ModelNotFound => 404,
+            ErrorKind::RouteNotFound => 404,
+            ErrorKind::MethodNotAllowed => 405,
+            ErrorKind::InsufficientBalance => 402,
+            ErrorKind::RateLimited { .. } => 429,
+            ErrorKind::RequestTooLarge => 413,
+            ErrorKind::Overloaded { .. } => match format {
+                ClientFormat::Messages => 529,
+                ClientFormat::Chat => 503,
+            },
+            ErrorKind::UpstreamTimeout => 504,
+            ErrorKind::Upstream => 502,
+            ErrorKind::TokenizerUnavailable => 501,
+            ErrorKind::Internal => 500,
+        }
+    }
+
+    /// `error.type` of the messages format.
+    pub fn messages_type(&self) -> &'static str {
+        match self {
+            ErrorKind::Authentication => "authentication_error",
+            ErrorKind::InvalidRequest { .. } => "invalid_request_error",
+            ErrorKind::ContextLengthExceeded => "invalid_request_error",
+            ErrorKind::ModelNotFound => "not_found_error",
+            ErrorKind::RouteNotFound => "not_found_error",
+            ErrorKind::MethodNotAllowed => "invalid_request_error",
+            ErrorKind::InsufficientBalance => "billing_error",
+            ErrorKind::RateLimited { .. } => "rate_limit_error",
+            ErrorKind::RequestTooLarge => "request_too_large",
+            ErrorKind::Overloaded { .. } => "overloaded_error",
+            ErrorKind::UpstreamTimeout => "timeout_error",
+            ErrorKind::Upstream => "api_error",
+            ErrorKind::TokenizerUnavailable => "api_error",
+            ErrorKind::Internal => "api_error",
+        }
+    }
+
+    /// `error.type` and `error.code` of the chat format.
+    pub fn chat_type_code(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            ErrorKind::Authentication => ("authentication_error", Some("invalid_api_key")),
+            ErrorKind::InvalidRequest { .. } => ("invalid_request_error", None),
+            ErrorKind::ContextLengthExceeded => {
+                ("invalid_request_error", Some("context_length_exceeded"))
+            }
+            ErrorKind::ModelNotFound => ("invalid_request_error", Some("model_not_found")),
+            ErrorKind::RouteNotFound => ("invalid_request_error", Some("not_found")),
+            ErrorKind::MethodNotAllowed => ("invalid_request_error", Some("method_not_allowed")),
+            ErrorKind::InsufficientBalance => ("insufficient_quota", Some("insufficient_quota")),
+            ErrorKind::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
+            ErrorKind::RequestTooLarge => ("invalid_request_error", Some("request_too_large")),
+            ErrorKind::Overloaded { .. } => ("server_error", Some("upstream_unavailable")),
+            ErrorKind::UpstreamTimeout => ("server_error", Some("upstream_timeout")),
+            ErrorKind::Upstream => ("server_error", Some("upstream_error")),
+            ErrorKind::TokenizerUnavailable => ("server_error", Some("tokenizer_unavailable")),
+            ErrorKind::Internal => ("server_error", Some("internal_error")),
+        }
+    }
+
+    /// Seconds the client should wait before retrying, for the kinds that carry one.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ErrorKind::RateLimited { retry_after } | ErrorKind::Overloaded { retry_after } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// Short stable label for metrics and the access log (bounded cardinality).
+    pub fn label(&self) -> &'static str {
+        match self {
+            ErrorKind::Authentication => "authentication",
+            ErrorKind::InvalidRequest { .. } => "invalid_request",
+            ErrorKind::ContextLengthExceeded => "context_length",
+            ErrorKind::ModelNotFound => "model_not_found",
+            ErrorKind::RouteNotFound => "route_not_found",
+            ErrorKind::MethodNotAllowed => "method_not_allowed",
+            ErrorKind::InsufficientBalance => "insufficient_balance",
+            ErrorKind::RateLimited { .. } => "rate_limited",
+            ErrorKind::RequestTooLarge => "request_too_large",
+            ErrorKind::Overloaded { .. } => "overloaded",
+            ErrorKind::UpstreamTimeout => "upstream_timeout",
+            ErrorKind::Upstream => "upstream_error",
+            ErrorKind::TokenizerUnavailable => "tokenizer_unavailable",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// A client-visible error: a kind and a message written for the client (never internals).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// A 400 naming the offending field (`param`) in the chat format.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::new(
+            ErrorKind::InvalidRequest {
+                param: Some(param.into()),
+            },
+            message,
+        )
+    }
+
+    /// A 400 that is not about one field (e.g. the body is not JSON).
+    pub fn invalid_body(message: impl Into<String>) -> Self {
+        ApiError::new(ErrorKind::InvalidRequest { param: None }, message)
+    }
+
+    pub fn status(&self, format: ClientFormat) -> u16 {
+        self.kind.status(format)
+    }
+
+    /// The JSON error body in the client's format. `request_id` is echoed in the messages
+    /// format's `request_id` field, as the vendor does.
+    pub fn body(&self, format: ClientFormat, request_id: &str) -> Bytes {
+        let mut out = Vec::with_capacity(96 + self.message.len());
+        self.write_json(format, request_id, &mut out);
+        Bytes::from(out)
+    }
+
+    /// Writes the JSON error object (no SSE framing) for `format` into `out`.
+    pub fn write_json(&self, format: ClientFormat, request_id: &str, out: &mut Vec<u8>) {
+        match format {
+            ClientFormat::Messages => {
+                out.extend_from_slice(br#"{"type":"error","error":{"type":""#);
+                out.extend_from_slice(self.kind.messages_type().as_bytes());
+                out.extend_from_slice(br#"","message":"#);
+                write_json_str(out, &self.message);
+                out.extend_from_slice(br#"},"request_id":"#);
+                write_json_str(out, request_id);
+                out.push(b'}');
+            }
+            ClientFormat::Chat => {
+                let (ty, code) = self.kind.chat_type_code();
+                out.extend_from_slice(br#"{"error":{"message":"#);
+                write_json_str(out, &self.message);
+                out.extend_from_slice(br#","type":""#);
+                out.extend_from_slice(ty.as_bytes());
+                out.extend_from_slice(br#"","param":"#);
+                match &self.kind {
+                    ErrorKind::InvalidRequest { param: Some(p) } => write_json_str(out, p),
+                    ErrorKind::ContextLengthExceeded => out.extend_from_slice(br#""messages""#),
+                    ErrorKind::ModelNotFound => out.extend_from_slice(br#""model""#),
+                    _ => out.extend_from_slice(b"null"),
+                }
+                out.extend_from_slice(br#","code":"#);
+                match (code, &self.kind) {
+                    (Some(c), _) => write_json_str(out, c),
+                    // For field errors the chat format's code is the field, like the vendor.
+                    (None, ErrorKind::InvalidRequest { param: Some(_) }) => {
+                        out.extend_from_slice(br#""invalid_value""#)
+                    }
+                    (None, _) => out.extend_from_slice(b"null"),
+                }
+                out.extend_from_slice(b"}}");
+            }
+        }
+    }
+
+    /// The error as an SSE frame for a stream that has already started: `event: error` for the
+    /// messages format; `data: {"error":…}` followed by `data: [DONE]` for the chat format.
+    pub fn write_sse(&self, format: ClientFormat, request_id: &str, out: &mut Vec<u8>) {
+        match format {
+            ClientFormat::Messages => {
+                out.extend_from_slice(b"event: error\ndata: ");
+                self.write_json(format, request_id, out);
+                out.extend_from_slice(b"\n\n");
+            }
+            ClientFormat::Chat => {
+                out.extend_from_slice(b"data: ");
+                self.write_json(format, request_id, out);
+                out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+            }
+        }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.label(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// Appends `s` as a JSON string literal (quotes included) to `out`.
+///
+/// Hand-written because it runs on every chunk of every stream: no allocation, and the common
+/// case (nothing to escape) is one `extend_from_slice`.
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => {
+                out.extend_from_slice(&bytes[start..i]);
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[(b >> 4) as usize]);
+                out.push(HEX[(b & 0xf) as usize]);
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(escape);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(e: &ApiError, f: ClientFormat) -> serde_json::Value {
+        serde_json::from_slice(&e.body(f, "req_1")).unwrap()
+    }
+
+    #[test]
+    fn messages_shape() {
+        let e = ApiError::new(ErrorKind::Authentication, "invalid x-api-key");
+        let v = json(&e, ClientFormat::Messages);
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "authentication_error");
+        assert_eq!(v["error"]["message"], "invalid x-api-key");
+        assert_eq!(v["request_id"], "req_1");
+        assert_eq!(e.status(ClientFormat::Messages), 401);
+    }
+
+    #[test]
+    fn chat_shape_with_param() {
+        let e = ApiError::invalid("messages[1].role", "unknown role \"robot\"");
+        let v = json(&e, ClientFormat::Chat);
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "messages[1].role");
+        assert_eq!(v["error"]["message"], "unknown role \"robot\"");
+        assert_eq!(v["error"]["code"], "invalid_value");
+        assert_eq!(e.status(ClientFormat::Chat), 400);
+    }
+
+    #[test]
+    fn every_kind_has_status_and_types() {
+        let kinds = [
+            ErrorKind::Authentication,
+            ErrorKind::InvalidRequest { param: None },
+            ErrorKind::ContextLengthExceeded,
+            ErrorKind::ModelNotFound,
+            ErrorKind::RouteNotFound,
+            ErrorKind::MethodNotAllowed,
+            ErrorKind::InsufficientBalance,
+            ErrorKind::RateLimited { retry_after: 3 },
+            ErrorKind::RequestTooLarge,
+            ErrorKind::Overloaded { retry_after: 1 },
+            ErrorKind::UpstreamTimeout,
+            ErrorKind::Upstream,
+            ErrorKind::TokenizerUnavailable,
+            ErrorKind::Internal,
+        ];
+        for k in kinds {
+            let e = ApiError::new(k.clone(), "m");
+            for f in [ClientFormat::Chat, ClientFormat::Messages] {
+                let v = json(&e, f);
+                assert!(v.is_object(), "{k:?} {f:?}");
+                assert!((400..600).contains(&e.status(f)));
+            }
+        }
+    }
+
+    #[test]
+    fn design_table_statuses() {
+        use ClientFormat::*;
+        assert_eq!(ErrorKind::InsufficientBalance.status(Chat), 402);
+        assert_eq!(
+            ErrorKind::Overloaded { retry_after: 1 }.status(Messages),
+            529
+        );
+        assert_eq!(ErrorKind::Overloaded { retry_after: 1 }.status(Chat), 503);
+        assert_eq!(
+            ErrorKind::RequestTooLarge.messages_type(),
+            "request_too_large"
+        );
+        assert_eq!(
+            ErrorKind::InsufficientBalance.chat_type_code(),
+            ("insufficient_quota", Some("insufficient_quota"))
+        );
+        assert_eq!(ErrorKind::ModelNotFound.messages_type(), "not_found_error");
+    }
+
+    #[test]
+    fn sse_error_frames() {
+        let e = ApiError::new(ErrorKind::Upstream, "upstream failed");
+        let mut out = Vec::new();
+        e.write_sse(ClientFormat::Messages, "r", &mut out);
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.starts_with("event: error\ndata: {\"type\":\"error\""));
+        assert!(s.ends_with("\n\n"));
+        let mut out = Vec::new();
+        e.write_sse(ClientFormat::Chat, "r", &mut out);
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.starts_with("data: {\"error\""));
+        assert!(s.ends_with("data: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn json_string_escaping_roundtrips() {
+        for s in [
+            "plain",
+            "quo\"te",
+            "back\\slash",
+            "nl\n\r\t",
+            "\u{1}\u{1f}",
+            "ñandú 🦙",
+            "",
+        ] {
+            let mut out = Vec::new();
+            write_json_str(&mut out, s);
+            let back: String = serde_json::from_slice(&out).unwrap();
+            assert_eq!(back, s);
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! Exact money in Peruvian soles (PEN). No floats anywhere money flows.
+//!
+//! An amount is an integer number of **pico-soles** (10⁻¹² S/) in an `i128`. Rates are
+//! configured as decimal strings per million tokens with at most [`RATE_DECIMALS`] decimals, so
+//! a rate in pico-soles per million tokens is always a multiple of 10⁶ and
+//! `tokens × rate / 1 000 000` is an exact integer: **no charge is ever rounded**. Example:
+//! 3 tokens at S/ 0.35 per million cost 1 050 000 pico-soles (1.05 micro-soles), exactly.
+//!
+//! Only display rounds: [`Pen::format_soles`] shows céntimos (`S/ 1,234.56`, the es-PE CLDR
+//! pattern, pinned here rather than read from locale data), rounding half away from zero.
+//! [`Pen::to_decimal`] prints the exact value.
+
+use std::fmt;
+use std::ops::{Add, AddAssign, Neg, Sub, SubAssign};
+
+/// Digits after the decimal point of the internal unit (pico-soles).
+pub const SCALE_DIGITS: u32 = 12;
+const SCALE: i128 = 1_000_000_000_000;
+/// Most decimals a per-million-token rate may have: keeps every charge exact (see module docs).
+pub const RATE_DECIMALS: u32 = 6;
+/// Most decimals an amount of money typed by an operator may have (top-ups, minimum top-up).
+pub const AMOUNT_DECIMALS: u32 = 2;
+
+/// An exact amount of soles. See the module docs for the unit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Pen(i128);
+
+/// Why a decimal string is not an acceptable amount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MoneyError {
+    /// Not of the form `123` or `123.45` (no sign, exponent, spaces or grouping).
+    NotADecimal(String),
+    /// More decimals than allowed for this kind of amount.
+    TooManyDecimals { value: String, max: u32 },
+    /// Too large to be a sensible amount.
+    TooLarge(String),
+}
+
+impl fmt::Display for MoneyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MoneyError::NotADecimal(v) => write!(
+                f,
+                "\"{v}\" is not a decimal amount; write it like \"12.50\" (digits, an optional point and decimals; no sign, exponent or thousands separator)"
+            ),
+            MoneyError::TooManyDecimals { value, max } => {
+                write!(f, "\"{value}\" has more than {max} decimals")
+            }
+            MoneyError::TooLarge(v) => write!(f, "\"{v}\" is too large"),
+        }
+    }
+}
+
+impl std::error::Error for MoneyError {}
+
+impl Pen {
+    pub const ZERO: Pen = Pen(0);
+
+    pub const fn from_picos(picos: i128) -> Pen {
+        Pen(picos)
+    }
+
+    pub const fn picos(self) -> i128 {
+        self.0
+    }
+
+    /// Whole céntimos, e.g. `Pen::from_centimos(1050)` is S/ 10.50.
+    pub const fn from_centimos(centimos: i64) -> Pen {
+        Pen(centimos as i128 * (SCALE / 100))
+    }
+
+    /// Parses a non-negative decimal string with at most `max_decimals` decimals.
+    pub fn parse(text: &str, max_decimals: u32) -> Result<Pen, MoneyError> {
+        let s = text.trim();
+        let (int_part, frac_part) = match s.split_once('.') {
+            Some((i, f)) => (i, f),
+            None => (s, ""),
+        };
+        let digits_only = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
+        if int_part.is_empty()
+            || !digits_only(int_part)
+            || !digits_only(frac_part)
+            || (s.contains('.') && frac_part.is_empty())
+        {
+            return Err(MoneyError::NotADecimal(text.to_owned()));
+        }
+        let frac_trimmed = frac_part.trim_end_matches('0');
+        if frac_trimmed.len() as u32 > max_decimals.min(SCALE_DIGITS) {
+            return Err(MoneyError::TooManyDecimals {
+                value: text.to_owned(),
+                max: max_decimals,
+            });
+        }
+        // 10^15 soles is far beyond any balance and keeps every product below i128::MAX.
+        let int_trimmed = int_part.trim_start_matches('0');
+        if int_trimmed.len() > 15 {
+            return Err(MoneyError::TooLarge(text.to_owned()));
+        }
+        let whole: i128 = if int_trimmed.is_empty() {
+            0
+        } else {
+            int_trimmed
+                .parse()
+                .map_err(|_| MoneyError::NotADecimal(text.to_owned()))?
+        };
+        let mut frac: i128 = 0;
+        for (i, b) in frac_trimmed.bytes().enumerate() {
+            frac += i128::from(b - b'0') * 10i128.pow(SCALE_DIGITS - 1 - i as u32);
+        }
+        Ok(Pen(whole * SCALE + frac))
+    }
+
+    /// The exact value as a decimal string with the fewest decimals (at least two):
+    /// `"12.50"`, `"0.00000105"`, `"-3.00"`.
+    pub fn to_decimal(self) -> String {
+        let neg = self.0 < 0;
+        let abs = self.0.unsigned_abs();
+        let whole = abs / SCALE as u128;
+        let frac = abs % SCALE as u128;
+        let mut frac_str = format!("{frac:012}");
+        while frac_str.len() > 2 && frac_str.ends_with('0') {
+            frac_str.pop();
+        }
+        format!("{}{whole}.{frac_str}", if neg { "-" } else { "" })
+    }
+
+    /// The value as a JSON number literal with no trailing zeros (`0.5`, `12`, `0.00000105`),
+    /// for the catalog's numeric fields.
+    pub fn to_json_number(self) -> String {
+        let mut s = self.to_decimal();
+        while s.ends_with('0') {
+            s.pop();
+        }
+        if s.ends_with('.') {
+            s.pop();
+        }
+        s
+    }
+
+    /// `S/ 1,234.56`: céntimos, half away from zero, comma grouping, `-S/ 1.00` when negative.
+    pub fn format_soles(self) -> String {
+        let neg = self.0 < 0;
+        let abs = self.0.unsigned_abs();
+        let unit = (SCALE / 100) as u128;
+        let centimos = (abs + unit / 2) / unit;
+        let whole = centimos / 100;
+        let cents = centimos % 100;
+        let digits = whole.to_string();
+        let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(c);
+        }
+        let sign = if neg && centimos > 0 { "-" } else { "" };
+        format!("{sign}S/ {grouped}.{cents:02}")
+    }
+
+    pub fn is_negative(self) -> bool {
+        self.0 < 0
+    }
+
+    pub fn max(self, other: Pen) -> Pen {
+        Pen(self.0.max(other.0))
+    }
+
+    pub fn min(self, other: Pen) -> Pen {
+        Pen(self.0.min(other.0))
+    }
+}
+
+impl Add for Pen {
+    type Output = Pen;
+    fn add(self, rhs: Pen) -> Pen {
+        Pen(self.0.saturating_add(rhs.0))
+    }
+}
+
+impl AddAssign for Pen {
+    fn add_assign(&mut self, rhs: Pen) {
+        *self = *self + rhs;
+    }
+}
+
+impl Sub for Pen {
+    type Output = Pen;
+    fn sub(self, rhs: Pen) -> Pen {
+        Pen(self.0.saturating_sub(rhs.0))
+    }
+}
+
+impl SubAssign for Pen {
+    fn sub_assign(&mut self, rhs: Pen) {
+        *self = *self - rhs;
+    }
+}
+
+impl Neg for Pen {
+    type Output = Pen;
+    fn neg(self) -> Pen {
+        Pen(-self.0)
+    }
+}
+
+impl std::iter::Sum for Pen {
+    fn sum<I: Iterator<Item = Pen>>(iter: I) -> Pen {
+        iter.fold(Pen::ZERO, |a, b| a + b)
+    }
+}
+
+impl fmt::Display for Pen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.format_soles())
+    }
+}
+
+/// A price per million tokens. Constructed only from a decimal with ≤ [`RATE_DECIMALS`]
+/// decimals, which is what makes [`Rate::cost`] exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Rate(Pen);
+
+impl Rate {
+    pub fn parse(text: &str) -> Result<Rate, MoneyError> {
+        Pen::parse(text, RATE_DECIMALS).map(Rate)
+    }
+
+    /// The configured price of one million tokens.
+    pub fn per_million(self) -> Pen {
+        self.0
+    }
+
+    /// Exact cost of `tokens` tokens at this rate.
+    pub fn cost(self, tokens: u64) -> Pen {
+        // rate picos is a multiple of 10^6 (≤ 6 decimals of a sol), so this division is exact.
+        Pen(i128::from(tokens) * (self.0 .0 / 1_000_000))
+    }
+}
+
+/// The three rates of one model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Prices {
+    pub input: Rate,
+    pub cached: Rate,
+    pub output: Rate,
+}
+
+impl Prices {
+    /// uncached input × input rate + cached × cache rate + output × output rate.
+    pub fn charge(&self, uncached_input: u64, cached_input: u64, output: u64) -> Pen {
+        self.input.cost(uncached_input) + self.cached.cost(cached_input) + self.output.cost(output)
+    }
+
+    /// The most `input_tokens` (cached or not) plus `output_tokens` can cost.
+    pub fn worst_case(&self, input_tokens: u64, output_tokens: u64) -> Pen {
+        let input_rate = self.input.max(self.cached);
+        input_rate.cost(input_tokens) + self.output.cost(output_tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_print_exactly() {
+        assert_eq!(Pen::parse("12.50", 2).unwrap(), Pen::from_centimos(1250));
+        assert_eq!(Pen::parse("0", 2).unwrap(), Pen::ZERO);
+        assert_eq!(Pen::parse("007.1", 2).unwrap().to_decimal(), "7.10");
+        assert_eq!(Pen::parse("0.000001", 6).unwrap().picos(), 1_000_000);
+        assert_eq!(Pen::parse("1.500000", 2).unwrap(), Pen::from_centimos(150));
+        assert_eq!(Pen::from_picos(1_050_000).to_decimal(), "0.00000105");
+        assert_eq!(Pen::from_picos(-3 * SCALE).to_decimal(), "-3.00");
+    }
+
+    #[test]
+    fn parse_rejects_what_is_not_a_plain_decimal() {
+        for bad in [
+            "", ".5", "5.", "-1", "+1", "1e3", "1,000.00", "1.2.3", "abc", "NaN", " ",
+        ] {
+            assert!(
+                matches!(Pen::parse(bad, 6), Err(MoneyError::NotADecimal(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            Pen::parse("0.001", 2),
+            Err(MoneyError::TooManyDecimals { max: 2, .. })
+        ));
+        assert!(matches!(
+            Rate::parse("0.0000001"),
+            Err(MoneyError::TooManyDecimals { max: 6, .. })
+        ));
+        assert!(matches!(
+            Pen::parse("1000000000000000", 2),
+            Err(MoneyError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn costs_are_exact() {
+        // The style guide's example: 3 tokens at S/ 0.35 per million is 1.05 micro-soles.
+        let r = Rate::parse("0.35").unwrap();
+        assert_eq!(r.cost(3).to_decimal(), "0.00000105");
+        // Many decimals.
+        let r = Rate::parse("0.123457").unwrap();
+        assert_eq!(r.cost(1).picos(), 123_457);
+        assert_eq!(r.cost(7).to_decimal(), "0.000000864199");
+        // Very large token counts.
+        let r = Rate::parse("999999.999999").unwrap();
+        let c = r.cost(u64::MAX);
+        assert_eq!(c.picos(), i128::from(u64::MAX) * 999_999_999_999);
+        assert!(c > Pen::ZERO);
+    }
+
+    #[test]
+    fn charge_formula() {
+        let p = Prices {
+            input: Rate::parse("2.00").unwrap(),
+            cached: Rate::parse("0.50").unwrap(),
+            output: Rate::parse("8.00").unwrap(),
+        };
+        // 1M uncached = 2, 2M cached = 1, 0.5M out = 4
+        let c = p.charge(1_000_000, 2_000_000, 500_000);
+        assert_eq!(c, Pen::from_centimos(700));
+        assert_eq!(p.worst_case(1_000_000, 1_000_000), Pen::from_centimos(1000));
+    }
+
+    #[test]
+    fn sums_of_exact_charges_do_not_drift() {
+        let r = Rate::parse("0.000003").unwrap();
+        let total: Pen = (0..1_000_000).map(|_| r.cost(1)).sum();
+        assert_eq!(total.picos(), 3_000_000);
+        assert_eq!(total.to_decimal(), "0.000003");
+    }
+
+    #[test]
+    fn soles_formatting() {
+        assert_eq!(Pen::from_centimos(123_456).format_soles(), "S/ 1,234.56");
+        assert_eq!(Pen::from_centimos(0).format_soles(), "S/ 0.00");
+        assert_eq!(
+            Pen::from_centimos(100_000_000).format_soles(),
+            "S/ 1,000,000.00"
+        );
+        assert_eq!(Pen::from_centimos(-150).format_soles(), "-S/ 1.50");
+        assert_eq!(Pen::parse("0.005", 3).unwrap().format_soles(), "S/ 0.01");
+        assert_eq!(Pen::parse("0.0049", 4).unwrap().format_soles(), "S/ 0.00");
+        assert_eq!(Pen::from_picos(-1).format_soles(), "S/ 0.00");
+        assert_eq!(Pen::from_centimos(99_999).format_soles(), "S/ 999.99");
+    }
+
+    #[test]
+    fn json_numbers() {
+        assert_eq!(
+            Rate::parse("0.50").unwrap().per_million().to_json_number(),
+            "0.5"
+        );
+        assert_eq!(Pen::parse("10.00", 2).unwrap().to_json_number(), "10");
+        assert_eq!(
+            Rate::parse("0.000001")
+                .unwrap()
+                .per_million()
+                .to_json_number(),
+            "0.000001"
+        );
+    }
+}

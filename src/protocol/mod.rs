@@ -1,0 +1,5 @@
+//! Serde wire types, by protocol. No I/O, no translation logic.
+//!
+//! - [`upstream`]: OpenAI chat completions as vLLM / SGLang / llama.cpp serve it.
+
+pub mod upstream;

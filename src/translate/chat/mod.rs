@@ -1,0 +1,1 @@
+//! Chat-format translation (see the parent module).

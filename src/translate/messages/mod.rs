@@ -1,0 +1,1 @@
+//! Messages-format translation (see the parent module).

@@ -1,0 +1,155 @@
+//! Pure translation between the client formats and the one upstream protocol.
+//!
+//! Nothing here touches the network, the clock or a `Session`: a translator is a function
+//! (requests, non-streaming responses) or a state machine fed upstream SSE payloads one at a
+//! time (streams). That is what makes them unit-testable against recorded upstream output,
+//! fuzzable, and fast.
+//!
+//! - [`chat`]: chat-format requests → upstream (validation, defaults, clamping, model rewrite);
+//!   upstream responses and streams → chat format (slug splice, usage-chunk filtering).
+//! - [`messages`]: messages-format requests → upstream; upstream responses and streams →
+//!   messages format (content blocks, event sequence, usage semantics).
+//! - [`upstream_error`]: upstream error bodies → client errors.
+
+pub mod chat;
+pub mod messages;
+pub mod upstream_error;
+
+use crate::config::ModelId;
+use crate::error::{ApiError, ErrorKind};
+use crate::sse::{SseDecoder, SseError};
+use crate::usage::Usage;
+
+/// Requests above this many tokens of `max_tokens` are clamped to it (spec: default and max).
+pub const MAX_OUTPUT_TOKENS: u32 = 8192;
+/// Applied when a client sends no `temperature`.
+pub const DEFAULT_TEMPERATURE: f64 = 0.6;
+
+/// A client request rewritten for the upstream, with what the gateway needs to route, admit and
+/// meter it.
+#[derive(Debug, Clone)]
+pub struct UpstreamRequest {
+    /// The model the request resolved to.
+    pub model: ModelId,
+    /// The model name exactly as the client sent it (messages responses echo it).
+    pub client_model: String,
+    pub stream: bool,
+    /// Chat format: the client asked for `stream_options.include_usage`.
+    pub client_wants_usage: bool,
+    /// After defaulting and clamping.
+    pub max_tokens: u32,
+    /// The upstream JSON body (model already rewritten to the upstream's name).
+    pub body: Vec<u8>,
+    /// Bytes of prompt material (messages, system, tools) in `body`: an upper bound on prompt
+    /// tokens for admission, since a token covers at least one byte.
+    pub prompt_bytes: usize,
+    /// Hash of the conversation's leading prompt bytes, for prefix-cache-affinity routing (0 =
+    /// none).
+    pub affinity_key: u64,
+}
+
+/// What a response translator needs to know about the request it answers.
+#[derive(Debug, Clone)]
+pub struct ResponseContext {
+    /// Gateway request id (`x-request-id`); also the base of minted ids (`msg_…`).
+    pub request_id: String,
+    /// The model name as the client sent it.
+    pub client_model: String,
+    /// The slug it resolved to.
+    pub slug: String,
+    /// The upstream's name for the model (never shown to clients).
+    pub upstream_model: String,
+}
+
+/// Why a stream ended, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamEnd {
+    /// Still running.
+    #[default]
+    Open,
+    /// The upstream finished and the client got a complete stream.
+    Complete,
+    /// The upstream failed; the client got an error frame.
+    Failed,
+}
+
+/// A streaming translator: upstream SSE payloads in, client bytes out.
+///
+/// The proxy decodes SSE (see [`crate::sse`]) and calls [`on_event`](Self::on_event) with each
+/// event's data — including the literal `[DONE]`, which the translator interprets. Output is
+/// appended to `out`, which the proxy writes to the client as is and clears.
+pub trait StreamTranslator: Send {
+    /// One upstream `data:` payload.
+    fn on_event(&mut self, data: &[u8], out: &mut Vec<u8>);
+    /// The upstream stream ended (clean EOF). Emits whatever closing frames are still owed;
+    /// a stream that ended without a finish reason is reported to the client as an error.
+    fn on_end(&mut self, out: &mut Vec<u8>);
+    /// The upstream failed mid-stream (reset, idle timeout, malformed bytes).
+    fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>);
+    /// The upstream has been silent for a ping interval (a long prefill).
+    fn on_idle(&mut self, out: &mut Vec<u8>);
+    /// Tokens metered so far: the last usage the upstream reported, else counted from the
+    /// relayed deltas.
+    fn usage(&self) -> Usage;
+    /// `Open` until a final frame has been written.
+    fn end(&self) -> StreamEnd;
+    /// The client-format error the stream ended with, if it failed.
+    fn error(&self) -> Option<&ApiError>;
+}
+
+/// Feeds raw upstream bytes through an SSE decoder into a translator.
+///
+/// A framing error (an event over the size cap) ends the stream with an error frame: the
+/// upstream is broken, and the client must not see a silently truncated success.
+pub fn feed_stream(
+    decoder: &mut SseDecoder,
+    translator: &mut dyn StreamTranslator,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+) {
+    if translator.end() != StreamEnd::Open {
+        return;
+    }
+    let result = decoder.feed::<SseError, _>(bytes, |event| {
+        if translator.end() == StreamEnd::Open {
+            translator.on_event(event.data, out);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        translator.on_failure(&malformed_stream(&e.to_string()), out);
+    }
+}
+
+/// Ends a stream whose upstream closed cleanly: flushes a pending event, then `on_end`.
+pub fn finish_stream(
+    decoder: &mut SseDecoder,
+    translator: &mut dyn StreamTranslator,
+    out: &mut Vec<u8>,
+) {
+    if translator.end() != StreamEnd::Open {
+        return;
+    }
+    let result = decoder.finish::<SseError, _>(|event| {
+        if translator.end() == StreamEnd::Open {
+            translator.on_event(event.data, out);
+        }
+        Ok(())
+    });
+    match result {
+        Err(e) => translator.on_failure(&malformed_stream(&e.to_string()), out),
+        Ok(()) => {
+            if translator.end() == StreamEnd::Open {
+                translator.on_end(out);
+            }
+        }
+    }
+}
+
+/// The error a client sees when the upstream's stream cannot be read.
+pub fn malformed_stream(detail: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::Upstream,
+        format!("the model server sent a malformed stream ({detail})"),
+    )
+}
