@@ -13,5 +13,6 @@ pub mod error;
 pub mod money;
 pub mod protocol;
 pub mod sse;
+pub mod store;
 pub mod translate;
 pub mod usage;

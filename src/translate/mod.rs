@@ -43,9 +43,13 @@ pub struct UpstreamRequest {
     /// Bytes of prompt material (messages, system, tools) in `body`: an upper bound on prompt
     /// tokens for admission, since a token covers at least one byte.
     pub prompt_bytes: usize,
-    /// Hash of the conversation's leading prompt bytes, for prefix-cache-affinity routing (0 =
-    /// none).
-    pub affinity_key: u64,
+    /// Where the upstream `messages` array sits in `body` (from its `[` to its `]`). The router
+    /// hashes it block by block for prefix-cache-affinity routing: a conversation's next turn
+    /// starts with the same bytes as the previous one.
+    pub prompt_range: std::ops::Range<usize>,
+    /// Tool names that had to be shortened for the upstream: (upstream name, client name).
+    /// Usually empty.
+    pub tool_name_map: Vec<(String, String)>,
 }
 
 /// What a response translator needs to know about the request it answers.
@@ -59,6 +63,8 @@ pub struct ResponseContext {
     pub slug: String,
     /// The upstream's name for the model (never shown to clients).
     pub upstream_model: String,
+    /// Shortened tool names to restore in responses: (upstream name, client name).
+    pub tool_name_map: Vec<(String, String)>,
 }
 
 /// Why a stream ended, for logs and metrics.

@@ -1,0 +1,242 @@
+//! Durable state: tenants, API keys, the money ledger and balance leases.
+//!
+//! One trait, [`Store`], two implementations: SQLite (the embedded default, one file) and
+//! PostgreSQL (several gateway replicas sharing tenants, keys, balances and the ledger). Both
+//! run the same schema migrations at start and pass the same test suite
+//! (`tests/store_suite.rs`).
+//!
+//! The request path never waits on a store: keys are served from an in-memory snapshot that a
+//! background task refreshes from [`Store::active_keys`] when [`Store::keys_version`] moves,
+//! and ledger rows are written in batches by a background writer. The only store call that a
+//! request can wait on is [`Store::acquire_lease`], when its replica's lease on the tenant's
+//! balance runs short (see `billing`).
+//!
+//! ## Money in the ledger
+//!
+//! The ledger is one journal of money movements per tenant: a top-up is an entry with a
+//! positive delta, a request is an entry with a negative delta (its charge) and its tokens. The
+//! balance is the sum of the deltas; the store keeps it materialised on the tenant row and
+//! updates it in the same transaction as each entry, so it never drifts from the journal.
+//!
+//! ## Leases
+//!
+//! A replica may only admit requests against money it holds a **lease** on. A lease moves part
+//! of a tenant's balance to one replica: `Σ leases ≤ balance` always holds in the store, so
+//! two replicas can never spend the same sol. Recording a request's charge reduces both the
+//! balance and the recording replica's lease. Leases carry a heartbeat; a replica that died
+//! holding one loses it after a timeout.
+
+use crate::money::Pen;
+use async_trait::async_trait;
+use std::fmt;
+
+pub type TenantId = i64;
+
+/// Milliseconds since the Unix epoch (UTC). Every timestamp in the store is one.
+pub type UnixMs = i64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub name: String,
+    pub created_at: UnixMs,
+}
+
+/// A tenant with its money, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSummary {
+    pub tenant: Tenant,
+    pub balance: Pen,
+    /// Part of the balance currently leased to running replicas.
+    pub leased: Pen,
+    pub active_keys: u64,
+}
+
+/// Per-key request and token limits (`None` = the configured default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyLimits {
+    pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
+}
+
+/// A key to insert. The secret itself never reaches the store: only its SHA-256.
+#[derive(Debug, Clone)]
+pub struct NewKey {
+    /// Public identifier, e.g. `key_8f2c…`; shown in listings and the ledger.
+    pub id: String,
+    pub tenant: TenantId,
+    pub label: String,
+    pub secret_hash: [u8; 32],
+    /// The first characters of the secret (e.g. `sk-qp-AbC1`), to recognise a key in listings.
+    pub secret_prefix: String,
+    pub limits: KeyLimits,
+}
+
+/// A key as listed to an operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub id: String,
+    pub tenant_id: TenantId,
+    pub tenant_name: String,
+    pub label: String,
+    pub secret_prefix: String,
+    pub created_at: UnixMs,
+    pub revoked_at: Option<UnixMs>,
+    pub limits: KeyLimits,
+}
+
+/// A usable key, as the gateway's in-memory snapshot holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveKey {
+    pub secret_hash: [u8; 32],
+    pub key_id: String,
+    pub tenant_id: TenantId,
+    pub tenant_name: String,
+    pub limits: KeyLimits,
+}
+
+/// One request's ledger entry. `request_id` is the idempotency key: recording the same id twice
+/// changes nothing the second time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerRow {
+    pub request_id: String,
+    pub at: UnixMs,
+    pub tenant_id: TenantId,
+    pub key_id: String,
+    /// Model slug.
+    pub model: String,
+    /// `chat` or `messages`.
+    pub format: String,
+    /// All prompt tokens, cached ones included (upstream semantics, see `usage`).
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    /// The exact charge (≥ 0).
+    pub charge: Pen,
+    /// `ok`, `client_disconnected`, `upstream_error`, `timeout`, …
+    pub status: String,
+    pub http_status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopUp {
+    pub id: String,
+    pub tenant_id: TenantId,
+    pub amount: Pen,
+    pub at: UnixMs,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Balance {
+    pub balance: Pen,
+    pub leased: Pen,
+}
+
+/// Tokens and soles of one model over a statement's period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelTotals {
+    pub model: String,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    pub charge: Pen,
+}
+
+/// A tenant's statement for `[from, to)` (open ends when `None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statement {
+    pub tenant: Tenant,
+    pub from: Option<UnixMs>,
+    pub to: Option<UnixMs>,
+    pub per_model: Vec<ModelTotals>,
+    pub top_ups: Vec<TopUp>,
+    pub total_charges: Pen,
+    pub total_top_ups: Pen,
+    /// The balance now (not at `to`).
+    pub balance: Pen,
+}
+
+/// Store failures. Messages are for operators (they may name tables, never secrets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// A tenant or key name/id that must be unique already exists.
+    Conflict(String),
+    /// The tenant or key does not exist.
+    NotFound(String),
+    /// The database could not be reached or failed.
+    Backend(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Conflict(m) | StoreError::NotFound(m) => f.write_str(m),
+            StoreError::Backend(m) => write!(f, "store error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// `sqlite` or `postgres`.
+    fn kind(&self) -> &'static str;
+
+    async fn create_tenant(&self, name: &str) -> StoreResult<Tenant>;
+    async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>>;
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>>;
+
+    async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo>;
+    /// Revokes a key; `Ok(false)` if it was already revoked. Bumps the keys version.
+    async fn revoke_key(&self, key_id: &str) -> StoreResult<bool>;
+    async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>>;
+    /// A number that changes whenever a key or tenant is created or revoked (by any replica).
+    async fn keys_version(&self) -> StoreResult<i64>;
+    /// Every unrevoked key, with the keys version it corresponds to.
+    async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)>;
+
+    /// Adds money to a tenant's balance (a positive ledger entry). Policy (minimum amount)
+    /// belongs to the caller.
+    async fn top_up(&self, tenant: TenantId, amount: Pen, note: &str) -> StoreResult<TopUp>;
+    async fn balance(&self, tenant: TenantId) -> StoreResult<Balance>;
+
+    /// Records request rows atomically and idempotently: a row whose `request_id` is already in
+    /// the ledger is skipped. For each new row the tenant's balance and `replica`'s lease on it
+    /// drop by the charge (the lease not below zero). Returns how many rows were new.
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<u64>;
+
+    /// Leases up to `want` of the tenant's unleased balance to `replica` and returns what was
+    /// granted (possibly zero). Refreshes the replica's heartbeat.
+    async fn acquire_lease(&self, replica: &str, tenant: TenantId, want: Pen) -> StoreResult<Pen>;
+    /// Gives back up to `amount` of `replica`'s lease on the tenant.
+    async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()>;
+    /// Marks every lease of `replica` as alive now.
+    async fn heartbeat(&self, replica: &str) -> StoreResult<()>;
+    /// Deletes leases whose heartbeat is older than `now - max_age_ms`; returns how many.
+    async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64>;
+    /// Deletes every lease of `replica` (at start and at clean shutdown).
+    async fn drop_leases(&self, replica: &str) -> StoreResult<()>;
+
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        from: Option<UnixMs>,
+        to: Option<UnixMs>,
+    ) -> StoreResult<Statement>;
+
+    /// The request rows of a tenant (all tenants if `None`), oldest first; for audits and tests.
+    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>>;
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> UnixMs {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
