@@ -13,6 +13,7 @@
 
 pub mod chat;
 pub mod messages;
+pub mod splice;
 pub mod upstream_error;
 
 use crate::config::ModelId;

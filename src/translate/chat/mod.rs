@@ -1,1 +1,10 @@
-//! Chat-format translation (see the parent module).
+//! The chat format (OpenAI chat completions): requests in, responses and streams out.
+//!
+//! The upstream speaks this format too, so the work is validation and normalisation on the
+//! way in ([`request`]) and targeted rewriting on the way out ([`response`]).
+
+pub mod request;
+pub mod response;
+
+pub use request::chat_to_upstream;
+pub use response::{upstream_to_chat, ChatStream};
