@@ -11,6 +11,12 @@
 //! `QUIPU_BLESS=1 cargo test --release --test messages_conformance` rewrites the `.expected`
 //! files from the current output (review the diff before committing).
 
+#![expect(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "a test harness: any failure is the test failing"
+)]
+
 use quipu::sse::SseDecoder;
 use quipu::translate::messages::prompt::shorten_tool_name;
 use quipu::translate::messages::{validate_event_sequence, MessagesStream};

@@ -29,7 +29,7 @@ pub fn count_tokens_to_upstream(
     write_json_str(&mut out, &model.upstream_model);
     out.push(b',');
     write_prompt(
-        &PromptIn {
+        PromptIn {
             system: req.system,
             messages: req.messages,
             tools: req.tools,

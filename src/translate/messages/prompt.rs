@@ -43,8 +43,26 @@ const BILLING_HEADER: &str = "x-anthropic-billing-header:";
 /// The prompt fields of a request.
 pub struct PromptIn<'a> {
     pub system: Option<&'a RawValue>,
-    pub messages: Option<&'a RawValue>,
-    pub tools: Option<&'a RawValue>,
+    pub messages: Items<'a, AnthropicMessage<'a>>,
+    pub tools: Items<'a, AnthropicTool<'a>>,
+}
+
+/// A list field: already parsed (the fast path), or raw (to be parsed element by element so
+/// an error can name its element), or absent.
+pub enum Items<'a, T> {
+    Absent,
+    Parsed(Vec<T>),
+    Raw(&'a RawValue),
+}
+
+impl<'a, T: Deserialize<'a>> Items<'a, T> {
+    fn into_vec(self, param: &dyn Fn() -> String, what: &str) -> Result<Option<Vec<T>>, ApiError> {
+        match self {
+            Items::Absent => Ok(None),
+            Items::Parsed(v) => Ok(Some(v)),
+            Items::Raw(raw) => parse_objects(raw, param, what).map(Some),
+        }
+    }
 }
 
 /// What writing the prompt produced, besides the bytes.
@@ -115,7 +133,8 @@ pub fn shorten_tool_name(name: &str) -> String {
     s
 }
 
-/// Parses a JSON array of objects into `T`s; errors name the first bad element.
+/// Parses a JSON array of objects into `T`s in one pass; errors name the first bad element
+/// (found by re-reading the array element by element, only when the fast parse failed).
 pub fn parse_objects<'a, T: Deserialize<'a>>(
     raw: &'a RawValue,
     param: &dyn Fn() -> String,
@@ -124,9 +143,12 @@ pub fn parse_objects<'a, T: Deserialize<'a>>(
     if !is_array(raw) {
         return Err(invalid(param(), format!("must be an array of {what}")));
     }
+    let first_error = match serde_json::from_str::<Vec<T>>(raw.get()) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
     let items: Vec<&'a RawValue> = serde_json::from_str(raw.get())
         .map_err(|e| invalid(param(), format!("must be an array of {what}: {e}")))?;
-    let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.into_iter().enumerate() {
         if !is_object(item) {
             return Err(invalid(
@@ -134,11 +156,11 @@ pub fn parse_objects<'a, T: Deserialize<'a>>(
                 format!("must be an object ({what})"),
             ));
         }
-        let v = serde_json::from_str(item.get())
-            .map_err(|e| invalid(format!("{}[{i}]", param()), e.to_string()))?;
-        out.push(v);
+        if let Err(e) = serde_json::from_str::<T>(item.get()) {
+            return Err(invalid(format!("{}[{i}]", param()), e.to_string()));
+        }
     }
-    Ok(out)
+    Err(invalid(param(), first_error.to_string()))
 }
 
 /// Parses one JSON object into `T`.
@@ -269,7 +291,7 @@ struct Writer<'c, 'a> {
 
 /// Validates the prompt and writes `"messages":[…]` and, if there are tools, `,"tools":[…]`.
 pub fn write_prompt<'a>(
-    input: &PromptIn<'a>,
+    input: PromptIn<'a>,
     model: &Model,
     config: &Config,
     client_model: &str,
@@ -283,15 +305,15 @@ pub fn write_prompt<'a>(
         open_ids: Vec::new(),
         prev_assistant: false,
     };
-    let tools = match input.tools {
-        Some(raw) => parse_tools(raw, &mut w.names)?,
-        None => Vec::new(),
-    };
-    let messages_raw = input
+    let tools = input
+        .tools
+        .into_vec(&|| "tools".into(), "tools")?
+        .unwrap_or_default();
+    check_tools(&tools, &mut w.names)?;
+    let messages = input
         .messages
+        .into_vec(&|| "messages".into(), "messages")?
         .ok_or_else(|| invalid("messages".into(), "is required"))?;
-    let messages: Vec<AnthropicMessage<'a>> =
-        parse_objects(messages_raw, &|| "messages".into(), "messages")?;
     if messages.is_empty() {
         return Err(invalid(
             "messages".into(),
@@ -411,11 +433,8 @@ fn write_system(
     Ok(())
 }
 
-fn parse_tools<'a>(
-    raw: &'a RawValue,
-    names: &mut ToolNames<'a>,
-) -> Result<Vec<AnthropicTool<'a>>, ApiError> {
-    let tools: Vec<AnthropicTool<'a>> = parse_objects(raw, &|| "tools".into(), "tools")?;
+/// Validates the declared tools and records their names.
+fn check_tools<'a>(tools: &[AnthropicTool<'a>], names: &mut ToolNames<'a>) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
         let p = |f: &str| format!("tools[{i}].{f}");
         if let Some(kind) = t.kind {
@@ -455,7 +474,7 @@ fn parse_tools<'a>(
         let upstream = names.upstream(&name);
         names.declared.push((name, upstream));
     }
-    Ok(tools)
+    Ok(())
 }
 
 /// `[{"type":"function","function":{"name","description","parameters"}}, …]`. Only these keys

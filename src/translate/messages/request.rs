@@ -15,12 +15,13 @@
 //! `parallel_tool_calls`, `user`, the model's `thinking_on`/`thinking_off` keys, `stream`,
 //! `stream_options`. Equal requests give equal bytes.
 
-use super::prompt::{invalid, parse_object, write_prompt, PromptIn, ToolNames};
+use super::prompt::{invalid, parse_object, write_prompt, Items, PromptIn, ToolNames};
 use super::rawjson::{self, is_array, is_string};
 use crate::config::{Config, Model};
 use crate::error::{write_json_str, ApiError, ErrorKind};
 use crate::protocol::anthropic::{
-    AnthropicMetadata, AnthropicRequest, AnthropicThinking, AnthropicToolChoice,
+    AnthropicMessage, AnthropicMetadata, AnthropicRequest, AnthropicRequestTyped,
+    AnthropicThinking, AnthropicTool, AnthropicToolChoice,
 };
 use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
 use serde_json::value::RawValue;
@@ -49,7 +50,7 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
     write_json_str(&mut out, &model.upstream_model);
     out.push(b',');
     let prompt = write_prompt(
-        &PromptIn {
+        PromptIn {
             system: req.system,
             messages: req.messages,
             tools: req.tools,
@@ -130,10 +131,39 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
     })
 }
 
-/// Parses the top level: it must be a JSON object.
-pub(super) fn parse_request(body: &[u8]) -> Result<AnthropicRequest<'_>, ApiError> {
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    match first {
+/// A request's top level: `messages` and `tools` already parsed (fast path) or still raw.
+pub(super) struct Request<'a> {
+    pub model: Option<&'a RawValue>,
+    pub messages: Items<'a, AnthropicMessage<'a>>,
+    pub system: Option<&'a RawValue>,
+    pub max_tokens: Option<&'a RawValue>,
+    pub temperature: Option<&'a RawValue>,
+    pub top_p: Option<&'a RawValue>,
+    pub top_k: Option<&'a RawValue>,
+    pub stop_sequences: Option<&'a RawValue>,
+    pub stream: Option<&'a RawValue>,
+    pub metadata: Option<&'a RawValue>,
+    pub tools: Items<'a, AnthropicTool<'a>>,
+    pub tool_choice: Option<&'a RawValue>,
+    pub thinking: Option<&'a RawValue>,
+}
+
+fn items<'a, T>(parsed: Option<Vec<T>>) -> Items<'a, T> {
+    parsed.map_or(Items::Absent, Items::Parsed)
+}
+
+fn raw_items<'a, T>(raw: Option<&'a RawValue>) -> Items<'a, T> {
+    raw.map_or(Items::Absent, Items::Raw)
+}
+
+/// Parses the top level, which must be a JSON object.
+///
+/// One pass reads the body with `messages` and `tools` parsed as it goes. If that fails, the
+/// body is read again with every field raw, so that validation can name the exact field.
+pub(super) fn parse_request(body: &[u8]) -> Result<Request<'_>, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::invalid_body(format!("the request body is not valid UTF-8: {e}")))?;
+    match text.bytes().find(|b| !b.is_ascii_whitespace()) {
         None => {
             return Err(ApiError::invalid_body(
                 "the request body is empty; send a JSON object",
@@ -146,7 +176,24 @@ pub(super) fn parse_request(body: &[u8]) -> Result<AnthropicRequest<'_>, ApiErro
             ))
         }
     }
-    serde_json::from_slice(body).map_err(|e| {
+    if let Ok(r) = serde_json::from_str::<AnthropicRequestTyped<'_>>(text) {
+        return Ok(Request {
+            model: r.model,
+            messages: items(r.messages),
+            system: r.system,
+            max_tokens: r.max_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            stop_sequences: r.stop_sequences,
+            stream: r.stream,
+            metadata: r.metadata,
+            tools: items(r.tools),
+            tool_choice: r.tool_choice,
+            thinking: r.thinking,
+        });
+    }
+    let r: AnthropicRequest<'_> = serde_json::from_str(text).map_err(|e| {
         let msg = if e.to_string().contains("recursion limit") {
             "the request body is nested too deeply".to_owned()
         } else if e.is_syntax() || e.is_eof() {
@@ -155,12 +202,27 @@ pub(super) fn parse_request(body: &[u8]) -> Result<AnthropicRequest<'_>, ApiErro
             format!("the request body is not a valid messages request: {e}")
         };
         ApiError::invalid_body(msg)
+    })?;
+    Ok(Request {
+        model: r.model,
+        messages: raw_items(r.messages),
+        system: r.system,
+        max_tokens: r.max_tokens,
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: r.top_k,
+        stop_sequences: r.stop_sequences,
+        stream: r.stream,
+        metadata: r.metadata,
+        tools: raw_items(r.tools),
+        tool_choice: r.tool_choice,
+        thinking: r.thinking,
     })
 }
 
 /// `model`: required; a slug or an alias of one.
 pub(super) fn resolve_model<'a, 'c>(
-    req: &AnthropicRequest<'a>,
+    req: &Request<'a>,
     config: &'c Config,
 ) -> Result<(Cow<'a, str>, &'c Model), ApiError> {
     let raw = req
