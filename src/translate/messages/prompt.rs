@@ -18,6 +18,12 @@
 //!   `reasoning` (signature dropped), `tool_use` into `tool_calls` in order,
 //!   `redacted_thinking` dropped.
 //! - consecutive same-role messages stay separate upstream messages.
+//! - a `tool_result`'s content becomes the `tool` message's text: its text blocks joined with
+//!   `"\n"`, each image as `[image]`, each `tool_reference` (Claude Code's ToolSearch) as
+//!   `[tool_reference] <name>`, prefixed with `[tool error] ` when `is_error` is true. Its
+//!   `tool_use_id` must name a `tool_use` of the latest assistant turn (consecutive assistant
+//!   messages count as one turn, as the vendor merges them).
+//! - `document` blocks with a plain-text source → text; other document sources are a 400.
 //!
 //! Text is copied as the client escaped it (see [`super::rawjson`]); nothing is decoded and
 //! re-encoded except tool names and tool inputs (compacted into the `arguments` string).
@@ -230,7 +236,8 @@ impl Kind {
 
 fn block_kind(block: &AnthropicBlock<'_>, param: &dyn Fn() -> String) -> Result<Kind, ApiError> {
     let ty = req_str(block.kind, &|| format!("{}.type", param()))?;
-    let kind = match rawjson::inner(ty) {
+    let name = rawjson::decode(ty).unwrap_or_default();
+    Ok(match name.as_ref() {
         "text" => Kind::Text,
         "image" => Kind::Image,
         "document" => Kind::Document,
@@ -239,41 +246,14 @@ fn block_kind(block: &AnthropicBlock<'_>, param: &dyn Fn() -> String) -> Result<
         "tool_reference" => Kind::ToolReference,
         "thinking" => Kind::Thinking,
         "redacted_thinking" => Kind::RedactedThinking,
-        _ => {
-            let name = rawjson::decode(ty).unwrap_or_default();
-            let known = [
-                "text",
-                "image",
-                "document",
-                "tool_use",
-                "tool_result",
-                "thinking",
-                "redacted_thinking",
-            ];
-            if let Some(k) = known.iter().find(|k| **k == name) {
-                // An escaped spelling of a known type.
-                return block_kind_named(k);
-            }
+        other => {
             return Err(invalid(
                 format!("{}.type", param()),
                 format!(
-                    "unsupported content block type \"{name}\"; this gateway accepts text, image, document (text source), tool_use, tool_result, thinking and redacted_thinking"
+                    "unsupported content block type \"{other}\"; this gateway accepts text, image, document (text source), tool_use, tool_result, thinking and redacted_thinking"
                 ),
-            ));
+            ))
         }
-    };
-    Ok(kind)
-}
-
-fn block_kind_named(name: &str) -> Result<Kind, ApiError> {
-    Ok(match name {
-        "text" => Kind::Text,
-        "image" => Kind::Image,
-        "document" => Kind::Document,
-        "tool_use" => Kind::ToolUse,
-        "tool_result" => Kind::ToolResult,
-        "thinking" => Kind::Thinking,
-        _ => Kind::RedactedThinking,
     })
 }
 

@@ -3,9 +3,10 @@
 //! recorded fixtures of `tests/fixtures/messages/` (the split-at-every-offset harness is
 //! `tests/messages_conformance.rs`).
 //!
-//! Not applicable to pure translation code (the proxy's job): 14 (`anthropic-beta`, `?beta`),
-//! 15 (auth headers), 17 (413 on body size), 55 (client disconnect), 56 (retry headers),
-//! 58 (`/v1/models`), 60 (Claude Code's `/context`).
+//! Not applicable to pure translation code (the proxy's job): 15 (auth headers), 17 (413 on
+//! body size), 55 (client disconnect), 56 (retry headers), 58 (`/v1/models`), 60 (Claude
+//! Code's `/context`). Item 14's header and query parts (`anthropic-beta`, `?beta=true`) are
+//! the proxy's too; its body-level counterpart — newer fields accepted, never a 400 — is c14.
 
 use super::prompt::shorten_tool_name;
 use super::*;
@@ -887,6 +888,45 @@ fn c16_missing_required_fields_are_400_in_the_messages_envelope() {
 // Request rules (DESIGN.md) beyond the checklist
 
 #[test]
+fn tool_result_ids_answer_only_the_latest_assistant_turn() {
+    let turn = |id: &str| json!({"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "f", "input": {}}]});
+    let result = |id: &str| json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "ok"}]});
+    // Consecutive assistant messages are one turn; results may be split across user messages.
+    translate(&base(json!([
+        {"role": "user", "content": "go"},
+        turn("a"),
+        {"role": "system", "content": "reminder"},
+        turn("b"),
+        result("a"),
+        {"role": "user", "content": "and"},
+        result("b")
+    ])));
+    // An id from an earlier turn is stale.
+    let e = reject(&base(json!([
+        {"role": "user", "content": "go"},
+        turn("a"),
+        result("a"),
+        turn("b"),
+        result("a")
+    ])));
+    assert_eq!(param(&e), "messages[4].content[0].tool_use_id");
+}
+
+#[test]
+fn documents_with_text_sources_become_text() {
+    let m = msgs(&base(json!([{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "Doc body"}, "title": "t", "citations": {"enabled": true}},
+        {"type": "text", "text": "Summarise."}]}])));
+    assert_eq!(
+        m[0]["content"],
+        json!([{"type": "text", "text": "Doc body"}, {"type": "text", "text": "Summarise."}])
+    );
+    let e = reject(&base(json!([{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}]}])));
+    assert_eq!(param(&e), "messages[0].content[0].source.type");
+}
+
+#[test]
 fn unknown_model_lists_valid_slugs_and_aliases_resolve() {
     let mut v = base(json!([{"role": "user", "content": "x"}]));
     v["model"] = json!("gpt-4");
@@ -1548,6 +1588,27 @@ fn c36_content_on_the_finish_chunk_is_kept() {
         json!([{"type": "text", "text": "All at once."}])
     );
     assert_eq!(m["stop_reason"], "end_turn");
+}
+
+#[test]
+fn c36_reasoning_content_and_tool_calls_in_one_finish_chunk() {
+    let m = blocks(&sse(&[
+        chunk(
+            json!({"role": "assistant", "reasoning": "R", "content": "T", "tool_calls": [
+                {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}}]}),
+            json!("tool_calls"),
+        ),
+        usage_chunk(4, 3, 0),
+    ]));
+    assert_eq!(
+        m["content"],
+        json!([
+            {"type": "thinking", "thinking": "R", "signature": ""},
+            {"type": "text", "text": "T"},
+            {"type": "tool_use", "id": "c1", "name": "f", "input": {"x": 1}}
+        ])
+    );
+    assert_eq!(m["stop_reason"], "tool_use");
 }
 
 #[test]
