@@ -22,6 +22,9 @@ use std::borrow::Cow;
 pub struct ChatChunk<'a> {
     #[serde(borrow, default)]
     pub id: Option<Cow<'a, str>>,
+    /// `chat.completion.chunk`; `error` on servers that send flat errors (old vLLM, SGLang).
+    #[serde(borrow, default)]
+    pub object: Option<Cow<'a, str>>,
     /// Kept raw: the chat passthrough splices the slug over it.
     #[serde(borrow, default)]
     pub model: Option<&'a RawValue>,
@@ -137,6 +140,9 @@ pub struct FunctionDelta<'a> {
 pub struct ChatCompletion<'a> {
     #[serde(borrow, default)]
     pub id: Option<Cow<'a, str>>,
+    /// `chat.completion`; `error` on servers that send flat errors (old vLLM, SGLang).
+    #[serde(borrow, default)]
+    pub object: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     pub model: Option<&'a RawValue>,
     #[serde(default)]
@@ -147,6 +153,9 @@ pub struct ChatCompletion<'a> {
     pub usage: Option<UpstreamUsage>,
     #[serde(default)]
     pub timings: Option<UpstreamTimings>,
+    /// An error object in a 200 body: `{"error":{…}}`.
+    #[serde(borrow, default)]
+    pub error: Option<&'a RawValue>,
 }
 
 impl ChatCompletion<'_> {

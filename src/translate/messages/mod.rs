@@ -1,1 +1,33 @@
-//! Messages-format translation (see the parent module).
+//! Messages-format (Anthropic) translation: client requests → the upstream request, upstream
+//! responses and streams → messages-format responses and event streams.
+//!
+//! - [`request`]: `POST /v1/messages` bodies → upstream chat-completions bodies.
+//! - [`prompt`]: `system` / `messages` / `tools` → upstream `messages` / `tools` (shared with
+//!   count-tokens).
+//! - [`response`]: a non-streaming upstream completion → a `Message` object.
+//! - [`stream`]: the incremental state machine turning upstream chunks into
+//!   `message_start … message_stop` events (reference §4.6).
+//! - [`count_tokens`]: `/v1/messages/count_tokens` ⇄ the upstream's `/tokenize`.
+//! - [`conformance`]: an event-sequence validator and an SDK-style accumulator, for tests and
+//!   fuzz targets.
+//! - [`rawjson`]: helpers over raw JSON text.
+//!
+//! Usage semantics (DESIGN.md): `input_tokens = prompt − cached`, `cache_read_input_tokens =
+//! cached`, `cache_creation_input_tokens = 0`, `output_tokens = completion`.
+
+pub mod conformance;
+pub mod count_tokens;
+pub mod prompt;
+pub mod rawjson;
+pub mod request;
+pub mod response;
+pub mod stream;
+
+#[cfg(test)]
+mod tests;
+
+pub use conformance::{accumulate_message, validate_event_sequence};
+pub use count_tokens::{count_tokens_to_upstream, tokenize_to_count_tokens};
+pub use request::messages_to_upstream;
+pub use response::upstream_to_message;
+pub use stream::MessagesStream;

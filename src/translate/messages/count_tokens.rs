@@ -1,0 +1,62 @@
+//! `POST /v1/messages/count_tokens` ⇄ the upstream's `/tokenize` (vLLM's chat form).
+//!
+//! The request is validated and translated exactly like a create request's prompt (same
+//! `model`, `system`, `messages` and `tools` rules, same billing-header stripping, same
+//! thinking switch), so the count is what a create call with that prompt would be billed for
+//! as input. Other create fields (`max_tokens`, sampling, `stream`, `tool_choice`, …) are
+//! ignored, as the vendor's count endpoint ignores them.
+//!
+//! Upstream body: `{"model":…,"messages":[…],"tools":[…]?,…thinking switch…,
+//! "add_generation_prompt":true}`; answer `{"count":N,"max_model_len":…,"tokens":[…]}` →
+//! `{"input_tokens":N}`.
+
+use super::prompt::{write_prompt, PromptIn};
+use super::request::{parse_request, resolve_model, write_thinking};
+use super::response::{malformed_response, push_u64};
+use crate::config::{Config, ModelId};
+use crate::error::{write_json_str, ApiError};
+use serde::Deserialize;
+
+/// Validates a count-tokens request; returns the model and the upstream `/tokenize` body.
+pub fn count_tokens_to_upstream(
+    body: &[u8],
+    config: &Config,
+) -> Result<(ModelId, Vec<u8>), ApiError> {
+    let req = parse_request(body)?;
+    let (model_name, model) = resolve_model(&req, config)?;
+    let mut out = Vec::with_capacity(body.len() + 128);
+    out.extend_from_slice(b"{\"model\":");
+    write_json_str(&mut out, &model.upstream_model);
+    out.push(b',');
+    write_prompt(
+        PromptIn {
+            system: req.system,
+            messages: req.messages,
+            tools: req.tools,
+        },
+        model,
+        config,
+        &model_name,
+        &mut out,
+    )?;
+    if let Some(raw) = req.thinking {
+        write_thinking(raw, model, &mut out)?;
+    }
+    out.extend_from_slice(b",\"add_generation_prompt\":true}");
+    Ok((model.id, out))
+}
+
+/// The upstream `/tokenize` answer → `{"input_tokens":N}`.
+pub fn tokenize_to_count_tokens(upstream_body: &[u8]) -> Result<Vec<u8>, ApiError> {
+    #[derive(Deserialize)]
+    struct Tokenized {
+        count: u64,
+    }
+    let t: Tokenized = serde_json::from_slice(upstream_body)
+        .map_err(|e| malformed_response(&format!("not a tokenize answer: {e}")))?;
+    let mut out = Vec::with_capacity(32);
+    out.extend_from_slice(b"{\"input_tokens\":");
+    push_u64(&mut out, t.count);
+    out.push(b'}');
+    Ok(out)
+}

@@ -1,0 +1,291 @@
+//! Small helpers over raw JSON text: reading string literals without decoding them, joining
+//! them, compacting a value into a JSON string, bounding nesting depth, checking base64.
+//!
+//! Everything here works on text that serde_json has already validated (a `&RawValue`), so a
+//! raw value that starts with `"` is a complete, well-formed string literal. Joining escaped
+//! literal contents is valid because the concatenation of escaped strings is the escaping of
+//! the concatenated strings: text goes to the upstream exactly as the client escaped it.
+
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+/// Nesting allowed in pass-through JSON (tool schemas, tool inputs): serde_json's own limit,
+/// so anything Quipu forwards could also be parsed by a serde_json-based reader.
+pub const MAX_DEPTH: usize = 128;
+
+/// Whether the raw value is a JSON string.
+#[inline]
+pub fn is_string(raw: &RawValue) -> bool {
+    raw.get().as_bytes().first() == Some(&b'"')
+}
+
+/// Whether the raw value is a JSON object.
+#[inline]
+pub fn is_object(raw: &RawValue) -> bool {
+    raw.get().as_bytes().first() == Some(&b'{')
+}
+
+/// Whether the raw value is a JSON array.
+#[inline]
+pub fn is_array(raw: &RawValue) -> bool {
+    raw.get().as_bytes().first() == Some(&b'[')
+}
+
+/// The escaped contents of a string literal (between the quotes). Call only on strings.
+#[inline]
+pub fn inner(raw: &RawValue) -> &str {
+    let s = raw.get();
+    s.get(1..s.len().saturating_sub(1)).unwrap_or("")
+}
+
+/// The decoded string, borrowed when the literal has no escapes; `None` if not a string.
+pub fn decode(raw: &RawValue) -> Option<Cow<'_, str>> {
+    if !is_string(raw) {
+        return None;
+    }
+    let content = inner(raw);
+    if !content.contains('\\') {
+        return Some(Cow::Borrowed(content));
+    }
+    serde_json::from_str::<String>(raw.get())
+        .ok()
+        .map(Cow::Owned)
+}
+
+/// Whether a string literal's decoded text is `expected` (no allocation in the usual case).
+pub fn str_eq(raw: &RawValue, expected: &str) -> bool {
+    if !is_string(raw) {
+        return false;
+    }
+    let content = inner(raw);
+    if content == expected {
+        return true;
+    }
+    content.contains('\\') && decode(raw).is_some_and(|d| d == expected)
+}
+
+/// Whether a string literal's decoded text starts with `prefix`.
+pub fn str_starts_with(raw: &RawValue, prefix: &str) -> bool {
+    let content = inner(raw);
+    let head = content
+        .get(..prefix.len().min(content.len()))
+        .unwrap_or(content);
+    if !head.contains('\\') {
+        return content.starts_with(prefix);
+    }
+    decode(raw).is_some_and(|d| d.starts_with(prefix))
+}
+
+/// Whether a string literal is empty.
+#[inline]
+pub fn str_is_empty(raw: &RawValue) -> bool {
+    raw.get() == "\"\""
+}
+
+/// Appends `raw` (a JSON value) compacted and escaped as the contents of a JSON string, without
+/// the quotes: `{ "a": "x\"y" }` becomes `{\"a\":\"x\\\"y\"}`. Returns `false` (having written
+/// a partial result) when the value nests deeper than [`MAX_DEPTH`].
+///
+/// One pass, no allocation: whitespace outside strings is dropped, `"` and `\` are escaped, all
+/// else is copied (valid JSON has no raw control characters inside strings).
+pub fn write_compact_escaped(out: &mut Vec<u8>, raw: &str) -> bool {
+    let bytes = raw.as_bytes();
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            // An escaped `"` or `\` still needs escaping for the outer string; only an
+            // unescaped `"` ends the inner one.
+            let was_escaped = escaped;
+            escaped = false;
+            match b {
+                b'\\' => {
+                    escaped = !was_escaped;
+                    out.extend_from_slice(&bytes[start..i]);
+                    out.extend_from_slice(b"\\\\");
+                    start = i + 1;
+                }
+                b'"' => {
+                    in_string = was_escaped;
+                    out.extend_from_slice(&bytes[start..i]);
+                    out.extend_from_slice(b"\\\"");
+                    start = i + 1;
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                out.extend_from_slice(&bytes[start..i]);
+                out.extend_from_slice(b"\\\"");
+                start = i + 1;
+            }
+            b' ' | b'\n' | b'\r' | b'\t' => {
+                out.extend_from_slice(&bytes[start..i]);
+                start = i + 1;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    out.extend_from_slice(&bytes[start..]);
+    true
+}
+
+/// Whether the JSON text nests no deeper than [`MAX_DEPTH`].
+pub fn depth_ok(raw: &str) -> bool {
+    let bytes = raw.as_bytes();
+    // Fast path: a value with few brackets cannot be deep.
+    if memchr::memchr2_iter(b'[', b'{', bytes)
+        .take(MAX_DEPTH + 1)
+        .count()
+        <= MAX_DEPTH
+    {
+        return true;
+    }
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut depth = 0usize;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return false;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
+const B64: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = b'A';
+    while c <= b'Z' {
+        t[c as usize] = true;
+        t[(c + 32) as usize] = true;
+        c += 1;
+    }
+    let mut d = b'0';
+    while d <= b'9' {
+        t[d as usize] = true;
+        d += 1;
+    }
+    t[b'+' as usize] = true;
+    t[b'/' as usize] = true;
+    t
+};
+
+/// Whether `s` is standard padded base64 (RFC 4648 §4), what the upstreams' decoders accept.
+/// Empty data is not an image, so it is rejected too.
+pub fn is_base64(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.is_empty() || b.len() % 4 != 0 {
+        return false;
+    }
+    let body = b
+        .strip_suffix(b"==")
+        .or_else(|| b.strip_suffix(b"="))
+        .unwrap_or(b);
+    body.iter().all(|&c| B64[c as usize])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> &RawValue {
+        serde_json::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn compact_escaped_roundtrips() {
+        for src in [
+            r#"{ "a" : 1 , "b": [ true, null ], "c": "x \"q\" \\ \n y", "ñ": "🦙" }"#,
+            r#"{"k": "\\", "l": "\\\"", "m": "a\\\\\"b c\""}"#,
+            r#"{}"#,
+            "{\n  \"deep\": {\"x\": [1, 2, {\"y\": \"a b\"}]}\n}",
+        ] {
+            let mut out = vec![b'"'];
+            assert!(write_compact_escaped(&mut out, src));
+            out.push(b'"');
+            let as_string: String = serde_json::from_slice(&out).unwrap();
+            let a: serde_json::Value = serde_json::from_str(&as_string).unwrap();
+            let b: serde_json::Value = serde_json::from_str(src).unwrap();
+            assert_eq!(a, b);
+            assert!(!as_string.contains(": "), "{as_string}");
+        }
+    }
+
+    #[test]
+    fn depth_limits() {
+        let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+        assert!(!depth_ok(&deep));
+        assert!(depth_ok(&ok));
+        assert!(depth_ok(&format!("\"{}\"", "[".repeat(500))));
+        let mut out = Vec::new();
+        assert!(!write_compact_escaped(&mut out, &deep));
+        assert!(write_compact_escaped(&mut out, &ok));
+    }
+
+    #[test]
+    fn strings() {
+        assert_eq!(decode(raw(r#""a\nb""#)).unwrap(), "a\nb");
+        assert!(matches!(decode(raw(r#""ab""#)), Some(Cow::Borrowed("ab"))));
+        assert!(decode(raw("1")).is_none());
+        assert!(str_eq(raw(r#""te\u0078t""#), "text"));
+        assert!(str_eq(raw(r#""text""#), "text"));
+        assert!(!str_eq(raw(r#""texts""#), "text"));
+        assert!(str_starts_with(raw(r#""x-anth: 1""#), "x-anth:"));
+        assert!(str_starts_with(raw(r#""\u0078-anth: 1""#), "x-anth:"));
+        assert!(!str_starts_with(raw(r#""x-an""#), "x-anth:"));
+        assert_eq!(inner(raw(r#""a\"b""#)), r#"a\"b"#);
+    }
+
+    #[test]
+    fn base64() {
+        for ok in ["aGVsbG8=", "aGk=", "aGVs", "+/9A", "YQ=="] {
+            assert!(is_base64(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a",
+            "aGk",
+            "aGVsbG8==",
+            "aGV sbG8=",
+            "aGVs\n",
+            "aGVs*",
+            "=",
+            "a===",
+            "ab=c",
+            "====",
+        ] {
+            assert!(!is_base64(bad), "{bad}");
+        }
+    }
+}

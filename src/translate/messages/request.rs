@@ -1,0 +1,417 @@
+//! Messages-format create requests → the upstream request body.
+//!
+//! Validates the top-level fields, applies DESIGN.md's request rules (`max_tokens` optional,
+//! default and clamp 8192; `temperature` default 0.6, range 0–1; usage always requested on
+//! streams), writes the prompt through [`super::prompt`] and the rest directly as bytes.
+//!
+//! Accepted and dropped, never a 400: `thinking` of type `adaptive` (or any type other than
+//! `enabled`/`disabled`), `effort`, `output_config`, `context_management`, `cache_control`,
+//! `safeguards`, `service_tier`, `container`, `inference_geo`, tool extras such as
+//! `defer_loading`, and any unknown top-level field — a self-hosted upstream cannot honour
+//! them, and clients such as Claude Code send them on every request.
+//!
+//! Upstream body, in this key order: `model` (the upstream's name), `messages`, `tools`,
+//! `max_tokens`, `temperature`, `top_p`, `top_k`, `stop`, `tool_choice`,
+//! `parallel_tool_calls`, `user`, the model's `thinking_on`/`thinking_off` keys, `stream`,
+//! `stream_options`. Equal requests give equal bytes.
+
+use super::prompt::{invalid, parse_object, write_prompt, Items, PromptIn, ToolNames};
+use super::rawjson::{self, is_array, is_string};
+use crate::config::{Config, Model};
+use crate::error::{write_json_str, ApiError, ErrorKind};
+use crate::protocol::anthropic::{
+    AnthropicMessage, AnthropicMetadata, AnthropicRequest, AnthropicRequestTyped,
+    AnthropicThinking, AnthropicTool, AnthropicToolChoice,
+};
+use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+/// Validates a messages-format request and writes its upstream form.
+pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequest, ApiError> {
+    let req = parse_request(body)?;
+    let (model_name, model) = resolve_model(&req, config)?;
+
+    let stream = match req.stream {
+        None => false,
+        Some(r) => match r.get() {
+            "true" => true,
+            "false" => false,
+            _ => return Err(invalid("stream".into(), "must be true or false")),
+        },
+    };
+    let max_tokens = match req.max_tokens {
+        Some(raw) => max_tokens_field(raw)?,
+        None => MAX_OUTPUT_TOKENS,
+    };
+
+    let mut out = Vec::with_capacity(body.len() + 256);
+    out.extend_from_slice(b"{\"model\":");
+    write_json_str(&mut out, &model.upstream_model);
+    out.push(b',');
+    let prompt = write_prompt(
+        PromptIn {
+            system: req.system,
+            messages: req.messages,
+            tools: req.tools,
+        },
+        model,
+        config,
+        &model_name,
+        &mut out,
+    )?;
+
+    out.extend_from_slice(b",\"max_tokens\":");
+    out.extend_from_slice(max_tokens.to_string().as_bytes());
+    out.extend_from_slice(b",\"temperature\":");
+    match req.temperature {
+        Some(raw) => {
+            number_in(raw, "temperature", 0.0, 1.0, true)?;
+            out.extend_from_slice(raw.get().as_bytes());
+        }
+        None => out.extend_from_slice(DEFAULT_TEMPERATURE.to_string().as_bytes()),
+    }
+    if let Some(raw) = req.top_p {
+        number_in(raw, "top_p", 0.0, 1.0, false)?;
+        out.extend_from_slice(b",\"top_p\":");
+        out.extend_from_slice(raw.get().as_bytes());
+    }
+    if let Some(raw) = req.top_k {
+        let ok = serde_json::from_str::<u64>(raw.get()).is_ok();
+        if !ok {
+            return Err(invalid("top_k".into(), "must be an integer of at least 0"));
+        }
+        out.extend_from_slice(b",\"top_k\":");
+        out.extend_from_slice(raw.get().as_bytes());
+    }
+    if let Some(raw) = req.stop_sequences {
+        write_stop(raw, &mut out)?;
+    }
+    if let Some(raw) = req.tool_choice {
+        write_tool_choice(raw, &prompt.names, &mut out)?;
+    }
+    if let Some(raw) = req.metadata {
+        let meta: AnthropicMetadata<'_> = parse_object(
+            raw,
+            &|| "metadata".into(),
+            "an object like {\"user_id\": \"…\"}",
+        )?;
+        if let Some(user) = meta.user_id {
+            if !is_string(user) {
+                return Err(invalid("metadata.user_id".into(), "must be a string"));
+            }
+            out.extend_from_slice(b",\"user\":");
+            out.extend_from_slice(user.get().as_bytes());
+        }
+    }
+    if let Some(raw) = req.thinking {
+        write_thinking(raw, model, &mut out)?;
+    }
+    out.extend_from_slice(b",\"stream\":");
+    out.extend_from_slice(if stream { b"true" } else { b"false" });
+    if stream {
+        out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true");
+        if model.continuous_usage {
+            out.extend_from_slice(b",\"continuous_usage_stats\":true");
+        }
+        out.push(b'}');
+    }
+    out.push(b'}');
+
+    Ok(UpstreamRequest {
+        model: model.id,
+        client_model: model_name.into_owned(),
+        stream,
+        client_wants_usage: false,
+        max_tokens,
+        prompt_bytes: prompt.messages_range.len() + prompt.tools_bytes,
+        prompt_range: prompt.messages_range,
+        tool_name_map: prompt.names.shortened,
+        body: out,
+    })
+}
+
+/// A request's top level: `messages` and `tools` already parsed (fast path) or still raw.
+pub(super) struct Request<'a> {
+    pub model: Option<&'a RawValue>,
+    pub messages: Items<'a, AnthropicMessage<'a>>,
+    pub system: Option<&'a RawValue>,
+    pub max_tokens: Option<&'a RawValue>,
+    pub temperature: Option<&'a RawValue>,
+    pub top_p: Option<&'a RawValue>,
+    pub top_k: Option<&'a RawValue>,
+    pub stop_sequences: Option<&'a RawValue>,
+    pub stream: Option<&'a RawValue>,
+    pub metadata: Option<&'a RawValue>,
+    pub tools: Items<'a, AnthropicTool<'a>>,
+    pub tool_choice: Option<&'a RawValue>,
+    pub thinking: Option<&'a RawValue>,
+}
+
+fn items<'a, T>(parsed: Option<Vec<T>>) -> Items<'a, T> {
+    parsed.map_or(Items::Absent, Items::Parsed)
+}
+
+fn raw_items<'a, T>(raw: Option<&'a RawValue>) -> Items<'a, T> {
+    raw.map_or(Items::Absent, Items::Raw)
+}
+
+/// Parses the top level, which must be a JSON object.
+///
+/// One pass reads the body with `messages` and `tools` parsed as it goes. If that fails, the
+/// body is read again with every field raw, so that validation can name the exact field.
+pub(super) fn parse_request(body: &[u8]) -> Result<Request<'_>, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::invalid_body(format!("the request body is not valid UTF-8: {e}")))?;
+    match text.bytes().find(|b| !b.is_ascii_whitespace()) {
+        None => {
+            return Err(ApiError::invalid_body(
+                "the request body is empty; send a JSON object",
+            ))
+        }
+        Some(b'{') => {}
+        Some(_) => {
+            return Err(ApiError::invalid_body(
+                "the request body must be a JSON object",
+            ))
+        }
+    }
+    if let Ok(r) = serde_json::from_str::<AnthropicRequestTyped<'_>>(text) {
+        return Ok(Request {
+            model: r.model,
+            messages: items(r.messages),
+            system: r.system,
+            max_tokens: r.max_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            stop_sequences: r.stop_sequences,
+            stream: r.stream,
+            metadata: r.metadata,
+            tools: items(r.tools),
+            tool_choice: r.tool_choice,
+            thinking: r.thinking,
+        });
+    }
+    let r: AnthropicRequest<'_> = serde_json::from_str(text).map_err(|e| {
+        let msg = if e.to_string().contains("recursion limit") {
+            "the request body is nested too deeply".to_owned()
+        } else if e.is_syntax() || e.is_eof() {
+            format!("the request body is not valid JSON: {e}")
+        } else {
+            format!("the request body is not a valid messages request: {e}")
+        };
+        ApiError::invalid_body(msg)
+    })?;
+    Ok(Request {
+        model: r.model,
+        messages: raw_items(r.messages),
+        system: r.system,
+        max_tokens: r.max_tokens,
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: r.top_k,
+        stop_sequences: r.stop_sequences,
+        stream: r.stream,
+        metadata: r.metadata,
+        tools: raw_items(r.tools),
+        tool_choice: r.tool_choice,
+        thinking: r.thinking,
+    })
+}
+
+/// `model`: required; a slug or an alias of one.
+pub(super) fn resolve_model<'a, 'c>(
+    req: &Request<'a>,
+    config: &'c Config,
+) -> Result<(Cow<'a, str>, &'c Model), ApiError> {
+    let raw = req
+        .model
+        .ok_or_else(|| invalid("model".into(), "is required"))?;
+    let name = rawjson::decode(raw).ok_or_else(|| invalid("model".into(), "must be a string"))?;
+    let model = config.resolve_model(&name).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!(
+                "model `{name}` does not exist; valid models are {}",
+                config.slug_list()
+            ),
+        )
+    })?;
+    Ok((name, model))
+}
+
+/// `max_tokens`: an integer ≥ 1; larger than the maximum is clamped to it.
+fn max_tokens_field(raw: &RawValue) -> Result<u32, ApiError> {
+    let bad = || invalid("max_tokens".into(), "must be an integer of at least 1");
+    let v: serde_json::Number = serde_json::from_str(raw.get()).map_err(|_| bad())?;
+    let n = match (v.as_u64(), v.as_i64(), v.as_f64()) {
+        (Some(n), _, _) => n,
+        (None, Some(_), _) => 0,
+        // An integer too large for u64 (serde reads it as a float).
+        (None, None, Some(f)) if !raw.get().contains(['.', 'e', 'E']) && f >= 1.0 => u64::MAX,
+        _ => return Err(bad()),
+    };
+    if n == 0 {
+        return Err(bad());
+    }
+    Ok(u32::try_from(n.min(u64::from(MAX_OUTPUT_TOKENS))).unwrap_or(MAX_OUTPUT_TOKENS))
+}
+
+/// A finite number in `[min, max]` (`(min, max]` unless `min_inclusive`).
+fn number_in(
+    raw: &RawValue,
+    param: &str,
+    min: f64,
+    max: f64,
+    min_inclusive: bool,
+) -> Result<f64, ApiError> {
+    let range = if min_inclusive {
+        format!("between {min} and {max}")
+    } else {
+        format!("above {min} and at most {max}")
+    };
+    let bad = || invalid(param.into(), format!("must be a number {range}"));
+    let v: serde_json::Number = serde_json::from_str(raw.get()).map_err(|_| bad())?;
+    let f = v.as_f64().filter(|f| f.is_finite()).ok_or_else(bad)?;
+    let above_min = if min_inclusive { f >= min } else { f > min };
+    if !above_min || f > max {
+        return Err(bad());
+    }
+    Ok(f)
+}
+
+/// `stop_sequences` → `stop` (omitted when empty).
+fn write_stop(raw: &RawValue, out: &mut Vec<u8>) -> Result<(), ApiError> {
+    let bad = || invalid("stop_sequences".into(), "must be an array of strings");
+    if !is_array(raw) {
+        return Err(bad());
+    }
+    let items: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| bad())?;
+    for (i, s) in items.iter().enumerate() {
+        if !is_string(s) {
+            return Err(bad());
+        }
+        if rawjson::str_is_empty(s) {
+            return Err(invalid(format!("stop_sequences[{i}]"), "must not be empty"));
+        }
+    }
+    if !items.is_empty() {
+        out.extend_from_slice(b",\"stop\":");
+        out.extend_from_slice(raw.get().as_bytes());
+    }
+    Ok(())
+}
+
+/// `tool_choice`: auto → `"auto"`, any → `"required"`, tool → the named function, none →
+/// `"none"`; `disable_parallel_tool_use: true` → `parallel_tool_calls: false`. Without tools,
+/// `auto`/`none` are omitted (the upstream rejects a choice without tools) and `any`/`tool`
+/// are a 400.
+fn write_tool_choice(
+    raw: &RawValue,
+    names: &ToolNames<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), ApiError> {
+    let tc: AnthropicToolChoice<'_> = parse_object(
+        raw,
+        &|| "tool_choice".into(),
+        "an object like {\"type\": \"auto\"}",
+    )?;
+    let kind = tc
+        .kind
+        .filter(|k| is_string(k))
+        .ok_or_else(|| invalid("tool_choice.type".into(), "must be a string"))?;
+    let disable_parallel = match tc.disable_parallel_tool_use.map(RawValue::get) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(invalid(
+                "tool_choice.disable_parallel_tool_use".into(),
+                "must be true or false",
+            ))
+        }
+    };
+    let has_tools = !names.declared.is_empty();
+    let kind_s = rawjson::decode(kind).unwrap_or_default();
+    match kind_s.as_ref() {
+        "auto" | "none" if !has_tools => return Ok(()),
+        "auto" => out.extend_from_slice(b",\"tool_choice\":\"auto\""),
+        "none" => out.extend_from_slice(b",\"tool_choice\":\"none\""),
+        "any" | "tool" if !has_tools => {
+            return Err(invalid(
+                "tool_choice.type".into(),
+                format!("\"{kind_s}\" requires `tools`"),
+            ))
+        }
+        "any" => out.extend_from_slice(b",\"tool_choice\":\"required\""),
+        "tool" => {
+            let name_raw = tc
+                .name
+                .filter(|n| is_string(n))
+                .ok_or_else(|| invalid("tool_choice.name".into(), "must be a tool name"))?;
+            let name = rawjson::decode(name_raw).unwrap_or_default();
+            let upstream = names.declared_upstream(&name).ok_or_else(|| {
+                invalid(
+                    "tool_choice.name".into(),
+                    format!("names `{name}`, which is not in `tools`"),
+                )
+            })?;
+            out.extend_from_slice(
+                b",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":",
+            );
+            write_json_str(out, upstream);
+            out.extend_from_slice(b"}}");
+        }
+        other => {
+            return Err(invalid(
+                "tool_choice.type".into(),
+                format!("must be auto, any, tool or none, got \"{other}\""),
+            ))
+        }
+    }
+    if disable_parallel {
+        out.extend_from_slice(b",\"parallel_tool_calls\":false");
+    }
+    Ok(())
+}
+
+/// `thinking`: `enabled` merges the model's `thinking_on` keys into the body, `disabled` its
+/// `thinking_off` keys; other types (`adaptive`, future ones) change nothing.
+pub(super) fn write_thinking(
+    raw: &RawValue,
+    model: &Model,
+    out: &mut Vec<u8>,
+) -> Result<(), ApiError> {
+    let t: AnthropicThinking<'_> = parse_object(
+        raw,
+        &|| "thinking".into(),
+        "an object like {\"type\": \"enabled\", \"budget_tokens\": 2048}",
+    )?;
+    let kind = t
+        .kind
+        .filter(|k| is_string(k))
+        .ok_or_else(|| invalid("thinking.type".into(), "must be a string"))?;
+    if let Some(b) = t.budget_tokens {
+        if serde_json::from_str::<u64>(b.get()).is_err() {
+            return Err(invalid(
+                "thinking.budget_tokens".into(),
+                "must be a non-negative integer",
+            ));
+        }
+    }
+    let switch = if rawjson::str_eq(kind, "enabled") {
+        model.thinking_on.as_ref()
+    } else if rawjson::str_eq(kind, "disabled") {
+        model.thinking_off.as_ref()
+    } else {
+        None
+    };
+    for (k, v) in switch.into_iter().flatten() {
+        out.push(b',');
+        write_json_str(out, k);
+        out.push(b':');
+        serde_json::to_writer(&mut *out, v)
+            .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! A non-streaming upstream completion → a messages-format `Message` (reference §4.3–4.5).
+//!
+//! Content blocks come in the order the vendor uses: `thinking` (from `reasoning` or
+//! `reasoning_content`, with an empty `signature`), `text` (only if non-empty), then one
+//! `tool_use` per tool call (`input` = the parsed arguments; arguments that are empty, invalid
+//! or not an object become `{}` rather than a failure). `stop_reason` follows
+//! [`stop_reason`], shared with the stream translator. Also home of the helpers both
+//! translators use: the stop-reason table, upstream error objects, usage rendering.
+
+use super::rawjson::is_object;
+use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
+use crate::protocol::upstream::ChatCompletion;
+use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
+use crate::translate::ResponseContext;
+use crate::usage::Usage;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// Why generation stopped, in the messages format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    EndTurn,
+    MaxTokens,
+    StopSequence,
+    ToolUse,
+    Refusal,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::EndTurn => "end_turn",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::StopSequence => "stop_sequence",
+            StopReason::ToolUse => "tool_use",
+            StopReason::Refusal => "refusal",
+        }
+    }
+}
+
+/// The upstream `finish_reason` (plus the matched stop string, if the upstream reported one,
+/// and whether tool calls were emitted) as a messages-format stop reason.
+///
+/// | upstream | messages |
+/// |---|---|
+/// | any, with tool calls emitted (except `length`) | `tool_use` — vLLM finishes a forced named tool choice with `stop` |
+/// | `stop` + matched stop string (vLLM `stop_reason`, SGLang `matched_stop`) | `stop_sequence` |
+/// | `stop`, `repetition` (vLLM repetition detection: a natural end) | `end_turn` |
+/// | `length` | `max_tokens` |
+/// | `tool_calls`, `function_call` | `tool_use` |
+/// | `content_filter` | `refusal` |
+/// | `abort`, `error`, missing, anything else | an error: the generation did not complete |
+pub fn stop_reason(
+    finish: Option<&str>,
+    matched_stop: Option<&str>,
+    had_tool_calls: bool,
+) -> Result<StopReason, ApiError> {
+    let reason = match finish {
+        Some("length") => StopReason::MaxTokens,
+        Some("stop" | "tool_calls" | "function_call" | "repetition") if had_tool_calls => {
+            StopReason::ToolUse
+        }
+        Some("stop") if matched_stop.is_some() => StopReason::StopSequence,
+        Some("stop" | "repetition") => StopReason::EndTurn,
+        Some("tool_calls" | "function_call") => StopReason::ToolUse,
+        Some("content_filter") => StopReason::Refusal,
+        Some("abort") => {
+            return Err(ApiError::new(
+                ErrorKind::Upstream,
+                "the model server aborted the generation",
+            ))
+        }
+        Some("error") => {
+            return Err(ApiError::new(
+                ErrorKind::Upstream,
+                "the model server failed during generation",
+            ))
+        }
+        Some(other) => {
+            return Err(ApiError::new(
+                ErrorKind::Upstream,
+                format!("the model server stopped for an unknown reason ({other})"),
+            ))
+        }
+        None => {
+            return Err(ApiError::new(
+                ErrorKind::Upstream,
+                "the model server did not say why generation stopped",
+            ))
+        }
+    };
+    Ok(reason)
+}
+
+/// An upstream error object (nested `{"error":{…}}` or flat `{"object":"error",…}`), received
+/// in a 200 body or mid-stream, as the client's error. The status is the object's `code` when
+/// it is an HTTP status, else 500.
+pub fn upstream_error(body: &[u8], ctx: &ResponseContext) -> ApiError {
+    #[derive(Deserialize, Default)]
+    struct Env<'a> {
+        #[serde(borrow, default)]
+        error: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        code: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize, Default)]
+    struct Inner<'a> {
+        #[serde(borrow, default)]
+        code: Option<&'a RawValue>,
+    }
+    let env: Env<'_> = serde_json::from_slice(body).unwrap_or_default();
+    let code = env
+        .error
+        .filter(|e| is_object(e))
+        .and_then(|e| serde_json::from_str::<Inner<'_>>(e.get()).ok())
+        .and_then(|i| i.code)
+        .or(env.code);
+    let status = code
+        .map(|c| c.get().trim_matches('"'))
+        .and_then(|c| c.parse::<u16>().ok())
+        .filter(|c| (400..600).contains(c))
+        .unwrap_or(500);
+    map_upstream_error(
+        &UpstreamFailure {
+            status,
+            body,
+            retry_after: None,
+            upstream_model: &ctx.upstream_model,
+            slug: &ctx.slug,
+        },
+        ClientFormat::Messages,
+    )
+}
+
+/// A response the gateway cannot read.
+pub fn malformed_response(detail: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::Upstream,
+        format!("the model server sent a malformed response ({detail})"),
+    )
+}
+
+/// `{"input_tokens":…,"cache_creation_input_tokens":0,"cache_read_input_tokens":…,"output_tokens":…}`.
+pub fn write_usage(out: &mut Vec<u8>, u: &Usage) {
+    out.extend_from_slice(b"{\"input_tokens\":");
+    push_u64(out, u.uncached_input());
+    out.extend_from_slice(b",\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":");
+    push_u64(out, u.cached());
+    out.extend_from_slice(b",\"output_tokens\":");
+    push_u64(out, u.completion_tokens);
+    out.push(b'}');
+}
+
+/// Appends a decimal integer without allocating.
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// The client's name for an upstream tool name (shortened names are restored).
+pub fn client_tool_name<'x>(map: &'x [(String, String)], upstream: &'x str) -> &'x str {
+    map.iter()
+        .find(|(u, _)| u == upstream)
+        .map_or(upstream, |(_, c)| c.as_str())
+}
+
+/// Writes a `tool_use` input: the arguments if they are a JSON object, else `{}`.
+pub fn write_tool_input(out: &mut Vec<u8>, arguments: &str) {
+    match serde_json::from_str::<&RawValue>(arguments) {
+        Ok(raw) if is_object(raw) => out.extend_from_slice(raw.get().as_bytes()),
+        _ => out.extend_from_slice(b"{}"),
+    }
+}
+
+/// Translates a non-streaming upstream response; returns the client body and the usage to
+/// bill. An error object, an unreadable body or an incomplete generation is an [`ApiError`].
+pub fn upstream_to_message(
+    upstream_body: &[u8],
+    ctx: &ResponseContext,
+) -> Result<(Vec<u8>, Usage), ApiError> {
+    let c: ChatCompletion<'_> = serde_json::from_slice(upstream_body)
+        .map_err(|e| malformed_response(&format!("invalid completion JSON: {e}")))?;
+    if c.error.is_some() || c.object.as_deref() == Some("error") {
+        return Err(upstream_error(upstream_body, ctx));
+    }
+    let choice = c
+        .choices
+        .iter()
+        .find(|ch| ch.index == 0)
+        .or(c.choices.first())
+        .ok_or_else(|| malformed_response("a completion without choices"))?;
+    let msg = &choice.message;
+    let calls = msg.tool_calls.as_deref().unwrap_or_default();
+    let matched = choice.matched_stop_string();
+    let stop = stop_reason(choice.finish_reason.as_deref(), matched, !calls.is_empty())?;
+    let reasoning = msg.reasoning_text();
+    let text = msg.content.as_deref().filter(|t| !t.is_empty());
+
+    let usage = c.usage().unwrap_or_else(|| {
+        // No usage reported: estimate output at 4 bytes a token rather than bill nothing.
+        let bytes = reasoning.map_or(0, str::len)
+            + text.map_or(0, str::len)
+            + calls
+                .iter()
+                .map(|t| t.function.arguments.as_deref().map_or(0, str::len))
+                .sum::<usize>();
+        Usage {
+            completion_tokens: (bytes as u64).div_ceil(4),
+            ..Usage::default()
+        }
+    });
+
+    let mut out = Vec::with_capacity(upstream_body.len() + 256);
+    out.extend_from_slice(b"{\"id\":\"msg_");
+    out.extend_from_slice(json_inner(&ctx.request_id).as_bytes());
+    out.extend_from_slice(b"\",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+    write_json_str(&mut out, &ctx.client_model);
+    out.extend_from_slice(b",\"content\":[");
+    if let Some(r) = reasoning {
+        out.extend_from_slice(b"{\"type\":\"thinking\",\"thinking\":");
+        write_json_str(&mut out, r);
+        out.extend_from_slice(b",\"signature\":\"\"}");
+    }
+    if let Some(t) = text {
+        if out.last() != Some(&b'[') {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
+        write_json_str(&mut out, t);
+        out.push(b'}');
+    }
+    for (k, call) in calls.iter().enumerate() {
+        if out.last() != Some(&b'[') {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"type\":\"tool_use\",\"id\":");
+        match call.id.as_deref().filter(|id| !id.is_empty()) {
+            Some(id) => write_json_str(&mut out, id),
+            None => write_json_str(&mut out, &minted_tool_id(&ctx.request_id, k)),
+        }
+        out.extend_from_slice(b",\"name\":");
+        let name = call.function.name.as_deref().unwrap_or_default();
+        write_json_str(&mut out, client_tool_name(&ctx.tool_name_map, name));
+        out.extend_from_slice(b",\"input\":");
+        write_tool_input(
+            &mut out,
+            call.function.arguments.as_deref().unwrap_or_default(),
+        );
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"],\"stop_reason\":\"");
+    out.extend_from_slice(stop.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"stop_sequence\":");
+    match (stop, matched) {
+        (StopReason::StopSequence, Some(s)) => write_json_str(&mut out, s),
+        _ => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"usage\":");
+    write_usage(&mut out, &usage);
+    out.push(b'}');
+    Ok((out, usage))
+}
+
+/// A tool-use id for a call the upstream sent without one.
+pub fn minted_tool_id(request_id: &str, k: usize) -> String {
+    format!("toolu_{request_id}_{k}")
+}
+
+/// The escaped contents of `s` as a JSON string (for splicing it inside a literal).
+pub fn json_inner(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut v = Vec::with_capacity(s.len() + 8);
+    write_json_str(&mut v, s);
+    let inner = v.get(1..v.len().saturating_sub(1)).unwrap_or_default();
+    std::borrow::Cow::Owned(String::from_utf8_lossy(inner).into_owned())
+}
