@@ -772,6 +772,22 @@ const RESERVED_UPSTREAM_FIELDS: &[&str] = &[
     "stream_options",
     "max_tokens",
     "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "user",
+    "reasoning_effort",
 ];
 
 fn validate_models(

@@ -99,7 +99,17 @@ pub fn map_upstream_error(f: &UpstreamFailure<'_>, format: ClientFormat) -> ApiE
             ErrorKind::Upstream,
             "the model server does not serve this model; the operator must check the configuration",
         ),
-        _ => ApiError::new(ErrorKind::Upstream, fallback("the model server failed")),
+        _ => {
+            // The upstream's own words may name internals (engine state, paths): log them for
+            // the operator, tell the client only what happened.
+            if !message.is_empty() {
+                log::warn!("upstream answered {}: {message}", f.status);
+            }
+            ApiError::new(
+                ErrorKind::Upstream,
+                format!("the model server failed (status {}); retry shortly", f.status),
+            )
+        }
     }
 }
 

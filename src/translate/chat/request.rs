@@ -328,6 +328,13 @@ fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
             "the request body is empty; send a JSON object",
         ));
     }
+    // serde's derived structs also accept an array of fields by position; only objects are
+    // requests.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::invalid_body(
+            "the request body must be a JSON object",
+        ));
+    }
     serde_json::from_slice(body).map_err(|e| {
         let msg = if e.is_syntax() || e.is_eof() {
             format!("the request body is not valid JSON: {e}")

@@ -1,0 +1,295 @@
+//! API-key authentication from an in-memory snapshot.
+//!
+//! The request path never touches the store: it hashes the presented secret (SHA-256; keys are
+//! 256-bit random strings, so a fast hash is the right tool — nothing to brute-force) and looks
+//! the digest up in a `HashMap` held in an [`ArcSwap`]. A background task
+//! ([`KeySnapshot::refresh`]) polls the store's keys version and swaps in a new map when any
+//! replica created or revoked a key, so a revocation applies within one refresh interval
+//! (500 ms by default; the configuration refuses anything over 2 s).
+//!
+//! Timing: the lookup is by digest, so its timing depends on the digest of the presented key,
+//! not on any stored secret; the digests are then compared in constant time.
+
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
+use arc_swap::ArcSwap;
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Who is calling: the key and its tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub key_id: String,
+    pub tenant_id: TenantId,
+    pub tenant_name: String,
+    pub limits: KeyLimits,
+    secret_hash: [u8; 32],
+}
+
+#[derive(Default)]
+struct Snapshot {
+    version: i64,
+    keys: HashMap<[u8; 32], Arc<Principal>>,
+}
+
+/// The in-memory key table. Cheap to read from any thread.
+pub struct KeySnapshot {
+    current: ArcSwap<Snapshot>,
+}
+
+impl Default for KeySnapshot {
+    fn default() -> Self {
+        KeySnapshot {
+            current: ArcSwap::from_pointee(Snapshot {
+                version: -1,
+                keys: HashMap::new(),
+            }),
+        }
+    }
+}
+
+/// SHA-256 of a secret.
+pub fn hash_secret(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl KeySnapshot {
+    /// Replaces the table (used by [`refresh`](Self::refresh) and by tests).
+    pub fn install(&self, version: i64, keys: Vec<ActiveKey>) {
+        let keys = keys
+            .into_iter()
+            .map(|k| {
+                (
+                    k.secret_hash,
+                    Arc::new(Principal {
+                        key_id: k.key_id,
+                        tenant_id: k.tenant_id,
+                        tenant_name: k.tenant_name,
+                        limits: k.limits,
+                        secret_hash: k.secret_hash,
+                    }),
+                )
+            })
+            .collect();
+        self.current.store(Arc::new(Snapshot { version, keys }));
+    }
+
+    /// Reloads from the store if its keys version moved; returns whether it did.
+    pub async fn refresh(&self, store: &dyn Store) -> StoreResult<bool> {
+        let version = store.keys_version().await?;
+        if version == self.current.load().version {
+            return Ok(false);
+        }
+        let (version, keys) = store.active_keys().await?;
+        self.install(version, keys);
+        Ok(true)
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.load().keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The principal a secret belongs to, if it is an active key.
+    pub fn lookup(&self, secret: &str) -> Option<Arc<Principal>> {
+        let digest = hash_secret(secret);
+        let snap = self.current.load();
+        let p = snap.keys.get(&digest)?;
+        constant_time_eq(&p.secret_hash, &digest).then(|| p.clone())
+    }
+
+    /// Authenticates a request's headers for an endpoint of `format`.
+    ///
+    /// The chat format takes `Authorization: Bearer`; the messages format also takes
+    /// `x-api-key`, and Claude Code may send both at once: every distinct secret presented must
+    /// name the same key, else the request is refused as ambiguous.
+    pub fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        format: ClientFormat,
+    ) -> Result<Arc<Principal>, ApiError> {
+        let deny = |m: &str| ApiError::new(ErrorKind::Authentication, m);
+        let mut secrets: Vec<&str> = Vec::with_capacity(2);
+        let mut auth = headers.get_all(http::header::AUTHORIZATION).iter();
+        if let Some(v) = auth.next() {
+            if auth.next().is_some() {
+                return Err(deny("send one Authorization header, not several"));
+            }
+            let v = v
+                .to_str()
+                .map_err(|_| deny("the Authorization header is not valid text"))?;
+            let (scheme, token) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
+            if !scheme.eq_ignore_ascii_case("bearer") {
+                return Err(deny("the Authorization header must be `Bearer <API key>`"));
+            }
+            let token = token.trim();
+            if !token.is_empty() {
+                secrets.push(token);
+            }
+        }
+        if format == ClientFormat::Messages {
+            let mut api_key = headers.get_all("x-api-key").iter();
+            if let Some(v) = api_key.next() {
+                if api_key.next().is_some() {
+                    return Err(deny("send one x-api-key header, not several"));
+                }
+                let v = v
+                    .to_str()
+                    .map_err(|_| deny("the x-api-key header is not valid text"))?
+                    .trim();
+                if !v.is_empty() && !secrets.contains(&v) {
+                    secrets.push(v);
+                }
+            }
+        }
+        if secrets.is_empty() {
+            return Err(deny(match format {
+                ClientFormat::Chat => "missing API key: send `Authorization: Bearer <API key>`",
+                ClientFormat::Messages => {
+                    "missing API key: send `x-api-key: <API key>` or `Authorization: Bearer <API key>`"
+                }
+            }));
+        }
+        let mut found: Option<Arc<Principal>> = None;
+        for s in secrets {
+            match (self.lookup(s), &found) {
+                (None, _) => return Err(deny("invalid or revoked API key")),
+                (Some(p), Some(f)) if p.key_id != f.key_id => {
+                    return Err(deny("two different API keys were sent; send one"))
+                }
+                (Some(p), _) => found = Some(p),
+            }
+        }
+        found.ok_or_else(|| deny("invalid or revoked API key"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn snapshot() -> KeySnapshot {
+        let s = KeySnapshot::default();
+        let key = |secret: &str, id: &str, tenant: i64| ActiveKey {
+            secret_hash: hash_secret(secret),
+            key_id: id.into(),
+            tenant_id: tenant,
+            tenant_name: format!("t{tenant}"),
+            limits: KeyLimits::default(),
+        };
+        s.install(
+            1,
+            vec![
+                key("sk-qp-good", "key_1", 1),
+                key("sk-qp-other", "key_2", 2),
+            ],
+        );
+        s
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn bearer_and_x_api_key() {
+        let s = snapshot();
+        let p = s
+            .authenticate(
+                &headers(&[("authorization", "Bearer sk-qp-good")]),
+                ClientFormat::Chat,
+            )
+            .unwrap();
+        assert_eq!(p.key_id, "key_1");
+        let p = s
+            .authenticate(
+                &headers(&[("x-api-key", "sk-qp-other")]),
+                ClientFormat::Messages,
+            )
+            .unwrap();
+        assert_eq!(p.tenant_id, 2);
+        // Chat does not take x-api-key.
+        assert!(s
+            .authenticate(
+                &headers(&[("x-api-key", "sk-qp-other")]),
+                ClientFormat::Chat
+            )
+            .is_err());
+    }
+
+    #[test]
+    fn both_headers_must_agree() {
+        let s = snapshot();
+        let same = headers(&[
+            ("authorization", "Bearer sk-qp-good"),
+            ("x-api-key", "sk-qp-good"),
+        ]);
+        assert!(s.authenticate(&same, ClientFormat::Messages).is_ok());
+        let diff = headers(&[
+            ("authorization", "Bearer sk-qp-good"),
+            ("x-api-key", "sk-qp-other"),
+        ]);
+        assert!(s.authenticate(&diff, ClientFormat::Messages).is_err());
+        let one_bad = headers(&[
+            ("authorization", "Bearer sk-qp-good"),
+            ("x-api-key", "nope"),
+        ]);
+        assert!(s.authenticate(&one_bad, ClientFormat::Messages).is_err());
+        let empty_x = headers(&[("authorization", "Bearer sk-qp-good"), ("x-api-key", "")]);
+        assert!(s.authenticate(&empty_x, ClientFormat::Messages).is_ok());
+    }
+
+    #[test]
+    fn refusals() {
+        let s = snapshot();
+        for h in [
+            headers(&[]),
+            headers(&[("authorization", "Basic abc")]),
+            headers(&[("authorization", "Bearer")]),
+            headers(&[("authorization", "Bearer sk-qp-bad")]),
+            headers(&[
+                ("authorization", "Bearer sk-qp-good"),
+                ("authorization", "Bearer sk-qp-good"),
+            ]),
+        ] {
+            let e = s.authenticate(&h, ClientFormat::Chat).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Authentication);
+        }
+    }
+
+    #[test]
+    fn revocation_is_a_new_snapshot() {
+        let s = snapshot();
+        assert!(s.lookup("sk-qp-good").is_some());
+        s.install(2, vec![]);
+        assert!(s.lookup("sk-qp-good").is_none());
+    }
+
+    #[test]
+    fn constant_time_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,363 @@
+//! The request flow of every route: catalog answers, and for the API routes
+//! auth → body → translate → rate limits → admission → upstream (see [`super::relay`]).
+//!
+//! Every early exit writes a well-formed error in the endpoint's shape and leaves `ctx` saying
+//! what happened, for `logging`.
+
+use super::relay;
+use super::respond;
+use super::route::Route;
+use super::{Gateway, RequestCtx};
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::metrics::m;
+use crate::money::Pen;
+use crate::translate::{chat, messages, UpstreamRequest};
+use bytes::Bytes;
+use pingora::proxy::Session;
+use std::time::Duration;
+
+/// Bodies larger than the limit by more than this factor are not drained (the connection is
+/// closed instead), so a hostile client cannot keep the gateway reading forever.
+const DRAIN_FACTOR: usize = 4;
+
+pub async fn handle(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<()> {
+    let downstream = session.as_downstream_mut();
+    downstream.set_read_timeout(Some(gw.config.server.client_read_timeout));
+    downstream.set_write_timeout(Some(gw.config.server.client_write_timeout));
+    match ctx.route {
+        Route::Models => respond::json(session, ctx, 200, gw.catalog.models.clone(), None).await,
+        Route::Pricing => respond::json(session, ctx, 200, gw.catalog.pricing.clone(), None).await,
+        Route::Plans => respond::json(session, ctx, 200, gw.catalog.plans.clone(), None).await,
+        Route::Health => {
+            respond::json(
+                session,
+                ctx,
+                200,
+                Bytes::from_static(b"{\"status\":\"ok\"}"),
+                None,
+            )
+            .await
+        }
+        Route::Model => {
+            let id = session
+                .req_header()
+                .uri
+                .path()
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            match gw.catalog.model(&id) {
+                Some(body) => respond::json(session, ctx, 200, body, None).await,
+                None => {
+                    let e = ApiError::new(
+                        ErrorKind::ModelNotFound,
+                        format!(
+                            "model `{id}` does not exist; valid models are {}",
+                            gw.config.slug_list()
+                        ),
+                    );
+                    respond::error(session, ctx, ctx.format, &e).await
+                }
+            }
+        }
+        Route::NotFound | Route::Unrouted => {
+            let path = session.req_header().uri.path().to_owned();
+            let e = ApiError::new(
+                ErrorKind::RouteNotFound,
+                format!("no route for {} {path}", session.req_header().method),
+            );
+            drain_then_error(gw, session, ctx, &e).await
+        }
+        Route::MethodNotAllowed => {
+            let e = ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!(
+                    "{} is not allowed on {}",
+                    session.req_header().method,
+                    session.req_header().uri.path()
+                ),
+            );
+            drain_then_error(gw, session, ctx, &e).await
+        }
+        Route::Chat | Route::Messages | Route::CountTokens => api(gw, session, ctx).await,
+    }
+}
+
+/// Fails `ctx` with `err`, written in the request's format.
+async fn fail(session: &mut Session, ctx: &mut RequestCtx, err: &ApiError) -> pingora::Result<()> {
+    if ctx.outcome == "ok" {
+        ctx.outcome = "refused";
+    }
+    respond::error(session, ctx, ctx.format, err).await
+}
+
+/// Answers with an error without having read the body: drains it first (bounded) so the
+/// connection can be reused.
+async fn drain_then_error(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    err: &ApiError,
+) -> pingora::Result<()> {
+    let declared = content_length(session);
+    let cap = gw.config.server.max_body_bytes.saturating_mul(DRAIN_FACTOR);
+    let skip_drain = declared.is_some_and(|n| n > cap) || expects_continue(session);
+    if skip_drain || session.as_downstream_mut().drain_request_body().await.is_err() {
+        session.as_downstream_mut().set_keepalive(None);
+    }
+    fail(session, ctx, err).await
+}
+
+fn content_length(session: &Session) -> Option<usize> {
+    session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn expects_continue(session: &Session) -> bool {
+    session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// `YYYY-MM-DD`.
+fn is_date(v: &str) -> bool {
+    let b = v.as_bytes();
+    b.len() == 10
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit())
+}
+
+/// Checks the headers of the messages format.
+fn check_version(session: &Session) -> Result<(), ApiError> {
+    for name in ["compat-version", "anthropic-version"] {
+        let mut values = session.req_header().headers.get_all(name).iter();
+        if let Some(v) = values.next() {
+            let ok = v.to_str().is_ok_and(is_date) && values.next().is_none();
+            if !ok {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("the {name} header must be one date like 2023-06-01"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_json_content_type(session: &Session) -> bool {
+    match session.req_header().headers.get(http::header::CONTENT_TYPE) {
+        None => true, // many clients omit it; the body is still checked to be JSON
+        Some(v) => v
+            .to_str()
+            .map(|s| {
+                let mime = s.split(';').next().unwrap_or("").trim();
+                mime.eq_ignore_ascii_case("application/json")
+                    || mime.to_ascii_lowercase().ends_with("+json")
+            })
+            .unwrap_or(false),
+    }
+}
+
+/// Reads the request body, up to the configured limit.
+async fn read_body(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<Option<Vec<u8>>> {
+    let max = gw.config.server.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::RequestTooLarge,
+            format!("the request body is larger than the {max}-byte limit"),
+        )
+    };
+    let declared = content_length(session);
+    if declared.is_some_and(|n| n > max) {
+        drain_then_error(gw, session, ctx, &too_large()).await?;
+        return Ok(None);
+    }
+    if expects_continue(session) {
+        session
+            .as_downstream_mut()
+            .write_continue_response()
+            .await?;
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(16 * 1024).min(max));
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > max {
+                    drain_then_error(gw, session, ctx, &too_large()).await?;
+                    return Ok(None);
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(Some(body)),
+            Err(e) => {
+                // The client stopped sending (timeout) or went away: nothing sensible to answer
+                // on a broken connection, but try.
+                session.as_downstream_mut().set_keepalive(None);
+                ctx.outcome = "client_disconnected";
+                let err = ApiError::invalid_body(format!("could not read the request body: {e}"));
+                let _ = respond::error(session, ctx, ctx.format, &err).await;
+                return Ok(None);
+            }
+        }
+    }
+}
+
+async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    if ctx.format == ClientFormat::Messages {
+        if let Err(e) = check_version(session) {
+            return drain_then_error(gw, session, ctx, &e).await;
+        }
+    }
+    let principal = match gw
+        .keys
+        .authenticate(&session.req_header().headers, ctx.format)
+    {
+        Ok(p) => p,
+        Err(e) => {
+            m().auth_failures
+                .with_label_values(&[ctx.route.as_str()])
+                .inc();
+            return drain_then_error(gw, session, ctx, &e).await;
+        }
+    };
+    ctx.principal = Some(principal.clone());
+    if !is_json_content_type(session) {
+        let e = ApiError::invalid_body(
+            "the request body must be JSON (Content-Type: application/json)",
+        );
+        return drain_then_error(gw, session, ctx, &e).await;
+    }
+    let Some(body) = read_body(gw, session, ctx).await? else {
+        return Ok(());
+    };
+
+    if ctx.route == Route::CountTokens {
+        return count_tokens(gw, session, ctx, &body).await;
+    }
+
+    let translated = match ctx.format {
+        ClientFormat::Chat => chat::chat_to_upstream(&body, &gw.config),
+        ClientFormat::Messages => messages::messages_to_upstream(&body, &gw.config),
+    };
+    let req: UpstreamRequest = match translated {
+        Ok(r) => r,
+        Err(e) => return fail(session, ctx, &e).await,
+    };
+    drop(body);
+    ctx.model = Some(req.model);
+    ctx.stream = req.stream;
+
+    if let Err(l) = gw.limits.admit(&principal) {
+        m().rate_limited
+            .with_label_values(&[&principal.tenant_name, l.scope, l.limit])
+            .inc();
+        let e = ApiError::new(
+            ErrorKind::RateLimited {
+                retry_after: l.retry_after,
+            },
+            format!(
+                "rate limit reached: {} per minute for this {}; retry in {} s",
+                l.limit, l.scope, l.retry_after
+            ),
+        );
+        return fail(session, ctx, &e).await;
+    }
+
+    let model = &gw.config.models[req.model];
+    // Every prompt token covers at least one byte, and no prompt can exceed the context window.
+    let worst_input = (req.prompt_bytes as u64).min(model.context_window);
+    let worst = model
+        .prices
+        .worst_case(worst_input, u64::from(req.max_tokens));
+    match gw.accounts.reserve(principal.tenant_id, worst).await {
+        Ok(r) => ctx.reservation = Some(r),
+        Err(crate::billing::Refusal::Insufficient { needed, available }) => {
+            m().billing_refused
+                .with_label_values(&[&principal.tenant_name])
+                .inc();
+            let e = ApiError::new(
+                ErrorKind::InsufficientBalance,
+                format!(
+                    "insufficient balance: this request may cost up to {} and {} is available; top up to continue",
+                    fmt_cost(needed),
+                    available.format_soles()
+                ),
+            );
+            return fail(session, ctx, &e).await;
+        }
+        Err(crate::billing::Refusal::StoreUnavailable(detail)) => {
+            log::error!("admission failed, store unavailable: {detail}");
+            let e = ApiError::new(
+                ErrorKind::Overloaded { retry_after: 1 },
+                "the gateway cannot verify the balance right now; retry shortly",
+            );
+            return fail(session, ctx, &e).await;
+        }
+    }
+    m().reservations_open.inc();
+    let result = relay::completion(gw, session, ctx, req).await;
+    m().reservations_open.dec();
+    result
+}
+
+/// Costs shown to tenants: soles with céntimos, or the exact amount when under a céntimo.
+fn fmt_cost(p: Pen) -> String {
+    if p < Pen::from_centimos(1) {
+        format!("S/ {}", p.to_decimal())
+    } else {
+        p.format_soles()
+    }
+}
+
+async fn count_tokens(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    body: &[u8],
+) -> pingora::Result<()> {
+    let (model, tokenize_body) = match messages::count_tokens_to_upstream(body, &gw.config) {
+        Ok(r) => r,
+        Err(e) => return fail(session, ctx, &e).await,
+    };
+    ctx.model = Some(model);
+    if let Err(l) = gw.limits.admit(ctx.principal.as_deref().ok_or_else(|| {
+        pingora::Error::explain(pingora::ErrorType::InternalError, "no principal")
+    })?) {
+        let e = ApiError::new(
+            ErrorKind::RateLimited {
+                retry_after: l.retry_after,
+            },
+            format!("rate limit reached; retry in {} s", l.retry_after),
+        );
+        return fail(session, ctx, &e).await;
+    }
+    match relay::tokenize(gw, ctx, model, &tokenize_body).await {
+        Ok(upstream) => match messages::tokenize_to_count_tokens(&upstream) {
+            Ok(out) => respond::json(session, ctx, 200, Bytes::from(out), None).await,
+            Err(e) => fail(session, ctx, &e).await,
+        },
+        Err(e) => fail(session, ctx, &e).await,
+    }
+}
+
+/// How long a non-streaming upstream error body may take to arrive.
+pub const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(10);

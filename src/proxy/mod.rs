@@ -1,0 +1,307 @@
+//! The `ProxyHttp` implementation: wires pingora's phases to Quipu's modules.
+//!
+//! Quipu uses two phases (see [`pingora::proxy::ProxyHttp`] for all of them):
+//!
+//! - **`request_filter`** answers every request: catalog routes from pre-rendered bytes, and the
+//!   API routes through [`api`] (auth → body → translate → admit → upstream exchange →
+//!   translate back). The upstream exchange is driven here rather than by pingora's proxy loop;
+//!   [`crate::upstream::client`] explains why. `upstream_peer` is therefore never reached.
+//! - **`logging`** runs once for every request, whatever happened — success, error, client
+//!   disconnect — and is where the reservation is settled, the ledger row queued, metrics
+//!   observed and the access-log line written.
+//!
+//! [`RequestCtx`] carries what one phase learns to the next; each field says who sets it.
+
+pub mod api;
+pub mod relay;
+pub mod respond;
+pub mod route;
+
+use crate::auth::{KeySnapshot, Principal};
+use crate::billing::{Accounts, LedgerHandle, Reservation};
+use crate::catalog::Catalog;
+use crate::config::{Config, ModelId};
+use crate::error::ClientFormat;
+use crate::metrics::m;
+use crate::ratelimit::RateLimiter;
+use crate::store::{now_ms, LedgerRow};
+use crate::upstream::ModelPool;
+use crate::usage::Usage;
+use async_trait::async_trait;
+use pingora::connectors::http::v1::Connector;
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use route::Route;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Everything the request path needs, shared by all worker threads.
+pub struct Gateway {
+    pub config: Arc<Config>,
+    pub catalog: Catalog,
+    pub keys: Arc<KeySnapshot>,
+    pub pools: Vec<ModelPool>,
+    pub connector: Connector,
+    pub accounts: Arc<Accounts>,
+    pub ledger: LedgerHandle,
+    pub limits: RateLimiter,
+    /// API requests between `request_filter` and `logging` (for draining on shutdown).
+    pub in_flight: Arc<AtomicUsize>,
+}
+
+/// Per-request state.
+#[derive(Debug)]
+pub struct RequestCtx {
+    /// `new_ctx`: `req_` + time-ordered hex.
+    pub request_id: String,
+    /// `new_ctx`.
+    pub started: Instant,
+    /// `request_filter`.
+    pub route: Route,
+    /// `request_filter`: the shape errors and streams are written in.
+    pub format: ClientFormat,
+    /// `api`: the authenticated caller.
+    pub principal: Option<Arc<Principal>>,
+    /// `api`: the model the request resolved to.
+    pub model: Option<ModelId>,
+    pub stream: bool,
+    /// `api`: held from admission until `logging` settles it.
+    pub reservation: Option<Reservation>,
+    /// `relay`: tokens to bill (the upstream's report, or what was counted of a cut stream).
+    pub usage: Option<Usage>,
+    /// Status written to the client (0 if nothing was written).
+    pub status: u16,
+    /// Error kind label, if the request failed.
+    pub error: Option<&'static str>,
+    /// `ok`, `client_disconnected`, `upstream_error`, … (the ledger row's status).
+    pub outcome: &'static str,
+    /// `relay`: arrival of the first generated chunk.
+    pub ttft: Option<Duration>,
+    /// `api`: the replica that answered, and how many attempts it took.
+    pub replica: Option<String>,
+    pub attempts: u32,
+    /// Time spent waiting on the upstream (to report the gateway's own overhead).
+    pub upstream_time: Duration,
+    counted_in_flight: bool,
+}
+
+/// A time-ordered, unique request id: `req_` + 12 hex digits of milliseconds + 16 random.
+pub fn new_request_id() -> String {
+    format!("req_{:012x}{:016x}", now_ms(), rand::random::<u64>())
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        RequestCtx {
+            request_id: new_request_id(),
+            started: Instant::now(),
+            route: Route::Unrouted,
+            format: ClientFormat::Chat,
+            principal: None,
+            model: None,
+            stream: false,
+            reservation: None,
+            usage: None,
+            status: 0,
+            error: None,
+            outcome: "ok",
+            ttft: None,
+            replica: None,
+            attempts: 0,
+            upstream_time: Duration::ZERO,
+            counted_in_flight: false,
+        }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    /// Every request is answered here; returning `Ok(true)` tells pingora it was.
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
+        let header = session.req_header();
+        ctx.route = route::route(&header.method, header.uri.path());
+        ctx.format = match ctx.route {
+            Route::Messages | Route::CountTokens => ClientFormat::Messages,
+            _ => route::format_for_path(header.uri.path()),
+        };
+        if ctx.route.is_api() {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+            ctx.counted_in_flight = true;
+            m().in_flight.with_label_values(&[ctx.route.as_str()]).inc();
+        }
+        api::handle(self, session, ctx).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        // request_filter answers every request; pingora only gets here if that changes.
+        Err(pingora::Error::explain(
+            pingora::ErrorType::InternalError,
+            "every route is answered in request_filter",
+        ))
+    }
+
+    fn suppress_error_log(
+        &self,
+        _session: &Session,
+        ctx: &RequestCtx,
+        _e: &pingora::Error,
+    ) -> bool {
+        // Client disconnects are expected; they are in the access log.
+        ctx.outcome == "client_disconnected"
+    }
+
+    async fn logging(
+        &self,
+        _session: &mut Session,
+        _e: Option<&pingora::Error>,
+        ctx: &mut RequestCtx,
+    ) {
+        if ctx.counted_in_flight {
+            ctx.counted_in_flight = false;
+            m().in_flight.with_label_values(&[ctx.route.as_str()]).dec();
+        }
+        self.settle(ctx);
+        self.observe(ctx);
+        if ctx.route.is_api() {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Gateway {
+    /// Replaces the reservation by the real charge and queues the ledger row.
+    fn settle(&self, ctx: &mut RequestCtx) {
+        let Some(reservation) = ctx.reservation.take() else {
+            return;
+        };
+        let (Some(p), Some(model)) = (ctx.principal.as_ref(), ctx.model) else {
+            self.accounts.settle(reservation, crate::money::Pen::ZERO);
+            return;
+        };
+        let model = &self.config.models[model];
+        let usage = ctx.usage.unwrap_or_default();
+        let charge = model.prices.charge(
+            usage.uncached_input(),
+            usage.cached(),
+            usage.completion_tokens,
+        );
+        self.accounts.settle(reservation, charge);
+        self.limits.consumed(p, usage.total());
+        self.ledger.record(LedgerRow {
+            request_id: ctx.request_id.clone(),
+            at: now_ms(),
+            tenant_id: p.tenant_id,
+            key_id: p.key_id.clone(),
+            model: model.slug.clone(),
+            format: ctx.format.as_str().to_owned(),
+            input_tokens: usage.prompt_tokens,
+            cached_tokens: usage.cached(),
+            output_tokens: usage.completion_tokens,
+            charge,
+            status: ctx.outcome.to_owned(),
+            http_status: ctx.status,
+        });
+        let tenant = p.tenant_name.as_str();
+        let slug = model.slug.as_str();
+        for (kind, n) in [
+            ("input", usage.uncached_input()),
+            ("cached_input", usage.cached()),
+            ("output", usage.completion_tokens),
+        ] {
+            m().tokens
+                .with_label_values(&[tenant, slug, kind])
+                .inc_by(n);
+            m().token_usage
+                .with_label_values(&[kind, slug, "chat"])
+                .observe(n as f64);
+        }
+        // Float soles for dashboards only; the ledger has the exact amount.
+        let soles = charge.picos() as f64 / 1e12;
+        m().spend_pen
+            .with_label_values(&[tenant, slug])
+            .inc_by(soles);
+    }
+
+    /// Metrics and the access-log line.
+    fn observe(&self, ctx: &RequestCtx) {
+        let elapsed = ctx.started.elapsed();
+        let model = ctx
+            .model
+            .map(|i| self.config.models[i].slug.as_str())
+            .unwrap_or("none");
+        let status = ctx.status.to_string();
+        let error = ctx.error.unwrap_or("none");
+        m().requests
+            .with_label_values(&[ctx.route.as_str(), model, &status, error])
+            .inc();
+        if ctx.route.is_api() {
+            m().request_duration
+                .with_label_values(&[
+                    model,
+                    ctx.format.as_str(),
+                    if ctx.stream { "true" } else { "false" },
+                    error,
+                ])
+                .observe(elapsed.as_secs_f64());
+            m().gateway_overhead
+                .with_label_values(&[ctx.route.as_str()])
+                .observe(elapsed.saturating_sub(ctx.upstream_time).as_secs_f64());
+            if let Some(t) = ctx.ttft {
+                m().time_to_first_token
+                    .with_label_values(&[model, ctx.format.as_str()])
+                    .observe(t.as_secs_f64());
+                let out = ctx.usage.map_or(0, |u| u.completion_tokens);
+                if ctx.stream && out > 1 {
+                    let per = (elapsed.saturating_sub(t)).as_secs_f64() / (out - 1) as f64;
+                    m().time_per_output_token
+                        .with_label_values(&[model])
+                        .observe(per);
+                }
+            }
+        }
+        if self.config.server.access_log
+            && log::log_enabled!(target: "quipu::access", log::Level::Info)
+        {
+            let u = ctx.usage.unwrap_or_default();
+            log::info!(
+                target: "quipu::access",
+                "request_id={} route={} format={} tenant={} key={} model={} status={} outcome={} error={} in={} cached={} out={} charge_pen={} latency_ms={:.3} ttft_ms={} replica={} attempts={}",
+                ctx.request_id,
+                ctx.route.as_str(),
+                ctx.format.as_str(),
+                ctx.principal.as_ref().map_or("-", |p| p.tenant_name.as_str()),
+                ctx.principal.as_ref().map_or("-", |p| p.key_id.as_str()),
+                model,
+                ctx.status,
+                ctx.outcome,
+                error,
+                u.prompt_tokens,
+                u.cached(),
+                u.completion_tokens,
+                ctx.model
+                    .map(|i| self.config.models[i].prices.charge(u.uncached_input(), u.cached(), u.completion_tokens).to_decimal())
+                    .unwrap_or_else(|| "0.00".into()),
+                elapsed.as_secs_f64() * 1000.0,
+                ctx.ttft.map_or("-".into(), |t| format!("{:.3}", t.as_secs_f64() * 1000.0)),
+                ctx.replica.as_deref().unwrap_or("-"),
+                ctx.attempts,
+            );
+        }
+    }
+}

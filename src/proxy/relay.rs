@@ -1,0 +1,498 @@
+//! The upstream exchange of an admitted request, and the relay of its answer.
+//!
+//! 1. **Pick and send, with failover.** A replica is picked (see `upstream::pool`); connect
+//!    failures, connections that break before any response byte, and `503`s are retried on
+//!    another replica — always before any byte reached the client, never after.
+//! 2. **Errors before the first byte** are real HTTP errors with the mapped status.
+//! 3. **Non-streaming** answers are read whole (bounded) and translated.
+//! 4. **Streams** are translated incrementally: each upstream read is decoded and translated
+//!    and the result written at once. The `200` is committed with the first output, so a
+//!    stream that fails before producing anything still gets a real HTTP error. While the
+//!    upstream is silent, messages streams get `ping`s; an upstream silent past its idle
+//!    timeout, or one that resets or sends garbage, ends the stream with an error frame in the
+//!    client's format. A client that goes away cancels the upstream request at once (its
+//!    connection is closed, which makes vLLM abort the generation); the tokens generated so
+//!    far are billed.
+
+use super::api::ERROR_BODY_TIMEOUT;
+use super::respond;
+use super::{Gateway, RequestCtx};
+use crate::config::ModelId;
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::metrics::m;
+use crate::sse::SseDecoder;
+use crate::translate::chat::{upstream_to_chat, ChatStream};
+use crate::translate::messages::{upstream_to_message, MessagesStream};
+use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
+use crate::translate::{
+    feed_stream, finish_stream, malformed_stream, ResponseContext, StreamEnd, StreamTranslator,
+    UpstreamRequest,
+};
+use crate::upstream::client::{self, Call, Read, SendError, UpstreamResponse};
+use crate::upstream::{block_hashes, ReplicaGuard};
+use bytes::Bytes;
+use pingora::proxy::Session;
+use std::time::{Duration, Instant};
+use tokio::time::sleep_until;
+
+/// Largest non-streaming upstream body accepted.
+const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+/// Largest upstream error body read.
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// What became of sending the request.
+enum Sent<'a> {
+    Response(Box<UpstreamResponse>, ReplicaGuard<'a>),
+    /// An error was (or could not be) written to the client; nothing more to do.
+    Done,
+}
+
+/// Resolves when the client closes its connection (or sends bytes it should not).
+async fn client_gone(session: &mut Session) {
+    let _ = session.as_downstream_mut().read_body_or_idle(true).await;
+}
+
+fn response_context(gw: &Gateway, ctx: &RequestCtx, req: &UpstreamRequest) -> ResponseContext {
+    let model = &gw.config.models[req.model];
+    ResponseContext {
+        request_id: ctx.request_id.clone(),
+        client_model: req.client_model.clone(),
+        slug: model.slug.clone(),
+        upstream_model: model.upstream_model.clone(),
+        tool_name_map: req.tool_name_map.clone(),
+    }
+}
+
+/// Picks replicas and sends until one answers (see the module docs for what is retried).
+async fn send<'g>(
+    gw: &'g Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: &UpstreamRequest,
+    prompt_blocks: &[u64],
+    header_timeout: Duration,
+) -> pingora::Result<Sent<'g>> {
+    let model = &gw.config.models[req.model];
+    let pool = &gw.pools[req.model];
+    let mut tried: Vec<usize> = Vec::new();
+    loop {
+        let Some(guard) = pool.pick(prompt_blocks, &tried) else {
+            let msg = if tried.is_empty() {
+                format!(
+                    "no healthy replica serves `{}` right now; retry shortly",
+                    model.slug
+                )
+            } else {
+                format!("every replica of `{}` failed; retry shortly", model.slug)
+            };
+            ctx.outcome = "upstream_unavailable";
+            let e = ApiError::new(ErrorKind::Overloaded { retry_after: 1 }, msg);
+            respond::error(session, ctx, ctx.format, &e).await?;
+            return Ok(Sent::Done);
+        };
+        if !tried.is_empty() {
+            m().upstream_retries.with_label_values(&[&model.slug]).inc();
+        }
+        ctx.attempts += 1;
+        ctx.replica = Some(guard.replica().url.clone());
+        let path = guard.replica().chat_path();
+        let call = Call {
+            replica: guard.replica(),
+            timeouts: &model.timeouts,
+            path: &path,
+            body: &req.body,
+            request_id: &ctx.request_id,
+            api_key: model.upstream_api_key.as_deref(),
+            header_timeout,
+        };
+        let started = Instant::now();
+        let result = tokio::select! {
+            r = client::send(&gw.connector, &call) => r,
+            _ = client_gone(session) => {
+                ctx.upstream_time += started.elapsed();
+                ctx.outcome = "client_disconnected";
+                m().client_disconnects.with_label_values(&[ctx.route.as_str()]).inc();
+                return Ok(Sent::Done);
+            }
+        };
+        ctx.upstream_time += started.elapsed();
+        match result {
+            Ok(resp) if resp.status == 503 => {
+                guard.failed("status_503");
+                let retry_after = resp.retry_after;
+                tried.push(guard.index);
+                drop(guard);
+                drop(resp);
+                if tried.len() >= pool.replicas.len() {
+                    ctx.outcome = "upstream_unavailable";
+                    let e = ApiError::new(
+                        ErrorKind::Overloaded {
+                            retry_after: retry_after.unwrap_or(1),
+                        },
+                        format!("`{}` is overloaded; retry shortly", model.slug),
+                    );
+                    respond::error(session, ctx, ctx.format, &e).await?;
+                    return Ok(Sent::Done);
+                }
+            }
+            Ok(resp) => return Ok(Sent::Response(Box::new(resp), guard)),
+            Err(SendError::Timeout) => {
+                guard.failed("timeout");
+                ctx.outcome = "timeout";
+                let e = ApiError::new(
+                    ErrorKind::UpstreamTimeout,
+                    format!("`{}` did not start answering in time", model.slug),
+                );
+                respond::error(session, ctx, ctx.format, &e).await?;
+                return Ok(Sent::Done);
+            }
+            Err(e) => {
+                log::warn!(
+                    "request {} to {} failed before any response: {e}",
+                    ctx.request_id,
+                    guard.replica().url
+                );
+                guard.failed(e.kind());
+                tried.push(guard.index);
+            }
+        }
+    }
+}
+
+/// Answers a chat or messages request from the upstream.
+pub async fn completion(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    req: UpstreamRequest,
+) -> pingora::Result<()> {
+    let model = &gw.config.models[req.model];
+    let pool = &gw.pools[req.model];
+    let blocks = if pool.uses_affinity() {
+        block_hashes(&req.body[req.prompt_range.clone()])
+    } else {
+        Vec::new()
+    };
+    let header_timeout = if req.stream {
+        model.timeouts.first_byte
+    } else {
+        model.timeouts.request
+    };
+    let sent = send(gw, session, ctx, &req, &blocks, header_timeout).await?;
+    let Sent::Response(mut resp, guard) = sent else {
+        return Ok(());
+    };
+    if resp.status != 200 {
+        let body = resp
+            .read_all(MAX_ERROR_BODY, ERROR_BODY_TIMEOUT)
+            .await
+            .unwrap_or_default();
+        if resp.status >= 500 {
+            guard.failed(&format!("status_{}", resp.status));
+        } else {
+            guard.succeeded();
+        }
+        let e = map_upstream_error(
+            &UpstreamFailure {
+                status: resp.status,
+                body: &body,
+                retry_after: resp.retry_after,
+                upstream_model: &model.upstream_model,
+                slug: &model.slug,
+            },
+            ctx.format,
+        );
+        resp.finish(&gw.connector).await;
+        ctx.outcome = "upstream_error";
+        return respond::error(session, ctx, ctx.format, &e).await;
+    }
+    guard.succeeded();
+    let rctx = response_context(gw, ctx, &req);
+    if req.stream {
+        let translator: Box<dyn StreamTranslator> = match ctx.format {
+            ClientFormat::Chat => Box::new(ChatStream::new(
+                rctx,
+                req.client_wants_usage,
+                gw.config.streaming.chat_reasoning_field,
+            )),
+            ClientFormat::Messages => Box::new(MessagesStream::new(rctx)),
+        };
+        stream(gw, session, ctx, *resp, translator, req.model).await
+    } else {
+        let started = Instant::now();
+        let read = tokio::select! {
+            r = resp.read_all(MAX_UPSTREAM_BODY, model.timeouts.request) => Some(r),
+            _ = client_gone(session) => None,
+        };
+        ctx.upstream_time += started.elapsed();
+        let Some(read) = read else {
+            ctx.outcome = "client_disconnected";
+            m().client_disconnects
+                .with_label_values(&[ctx.route.as_str()])
+                .inc();
+            resp.finish(&gw.connector).await;
+            return Ok(());
+        };
+        let body = match read {
+            Ok(b) => b,
+            Err(detail) => {
+                ctx.outcome = "upstream_error";
+                resp.finish(&gw.connector).await;
+                let e = if detail.contains("timed out") {
+                    ApiError::new(
+                        ErrorKind::UpstreamTimeout,
+                        format!("`{}` did not finish in time", model.slug),
+                    )
+                } else {
+                    malformed_stream(&detail)
+                };
+                return respond::error(session, ctx, ctx.format, &e).await;
+            }
+        };
+        resp.finish(&gw.connector).await;
+        ctx.ttft = Some(ctx.started.elapsed());
+        let translated = match ctx.format {
+            ClientFormat::Chat => {
+                upstream_to_chat(&body, &rctx, gw.config.streaming.chat_reasoning_field)
+            }
+            ClientFormat::Messages => upstream_to_message(&body, &rctx),
+        };
+        match translated {
+            Ok((out, usage)) => {
+                ctx.usage = Some(usage);
+                respond::json(session, ctx, 200, Bytes::from(out), None).await
+            }
+            Err(e) => {
+                ctx.outcome = "upstream_error";
+                respond::error(session, ctx, ctx.format, &e).await
+            }
+        }
+    }
+}
+
+/// Relays a stream; see the module docs.
+async fn stream(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    mut resp: UpstreamResponse,
+    mut translator: Box<dyn StreamTranslator>,
+    model_id: ModelId,
+) -> pingora::Result<()> {
+    let model = &gw.config.models[model_id];
+    let mut decoder = SseDecoder::default();
+    let mut out: Vec<u8> = Vec::with_capacity(8 * 1024);
+    let mut committed = false;
+    let pings = ctx.format == ClientFormat::Messages;
+    let ping_every = gw.config.streaming.ping_interval;
+    let mut last_upstream = tokio::time::Instant::now();
+    let mut next_ping = last_upstream + ping_every;
+    let mut saw_data = false;
+    let mut client_left = false;
+    let stream_started = Instant::now();
+    m().streams_open.inc();
+
+    loop {
+        let silence_limit = if saw_data {
+            model.timeouts.idle
+        } else {
+            model.timeouts.first_byte
+        };
+        let idle_deadline = last_upstream + silence_limit;
+        let mut upstream_done = false;
+        tokio::select! {
+            r = resp.read() => {
+                match r {
+                    Ok(Read::Data(bytes)) => {
+                        if !saw_data {
+                            saw_data = true;
+                            ctx.ttft = Some(ctx.started.elapsed());
+                        }
+                        last_upstream = tokio::time::Instant::now();
+                        next_ping = last_upstream + ping_every;
+                        feed_stream(&mut decoder, translator.as_mut(), bytes, &mut out);
+                    }
+                    Ok(Read::End) => {
+                        upstream_done = true;
+                        finish_stream(&mut decoder, translator.as_mut(), &mut out);
+                    }
+                    Err(detail) => {
+                        upstream_done = true;
+                        log::warn!("request {}: upstream stream broke: {detail}", ctx.request_id);
+                        translator.on_failure(
+                            &ApiError::new(ErrorKind::Upstream, "the model server closed the stream unexpectedly"),
+                            &mut out,
+                        );
+                    }
+                }
+            }
+            _ = sleep_until(idle_deadline) => {
+                upstream_done = true;
+                ctx.outcome = "timeout";
+                translator.on_failure(
+                    &ApiError::new(ErrorKind::UpstreamTimeout, "the model stopped sending before finishing"),
+                    &mut out,
+                );
+            }
+            _ = sleep_until(next_ping), if pings => {
+                next_ping = tokio::time::Instant::now() + ping_every;
+                translator.on_idle(&mut out);
+            }
+            _ = client_gone(session) => {
+                client_left = true;
+            }
+        }
+        if client_left {
+            break;
+        }
+        if !out.is_empty() {
+            if !committed {
+                if translator.end() == StreamEnd::Failed {
+                    // Nothing reached the client yet: a real HTTP error is still possible.
+                    let e = translator
+                        .error()
+                        .cloned()
+                        .unwrap_or_else(|| malformed_stream("failed before any output"));
+                    if ctx.outcome == "ok" {
+                        ctx.outcome = "upstream_error";
+                    }
+                    out.clear();
+                    m().streams_open.dec();
+                    ctx.usage = Some(translator.usage());
+                    ctx.upstream_time += stream_started.elapsed();
+                    resp.finish(&gw.connector).await;
+                    return respond::error(session, ctx, ctx.format, &e).await;
+                }
+                if respond::stream_header(session, ctx).await.is_err() {
+                    client_left = true;
+                    break;
+                }
+                committed = true;
+            }
+            let chunk = Bytes::copy_from_slice(&out);
+            out.clear();
+            if session
+                .write_response_body(Some(chunk), false)
+                .await
+                .is_err()
+            {
+                client_left = true;
+                break;
+            }
+        }
+        if upstream_done || translator.end() != StreamEnd::Open {
+            break;
+        }
+    }
+    m().streams_open.dec();
+    ctx.upstream_time += stream_started.elapsed();
+    ctx.usage = Some(translator.usage());
+    if client_left {
+        ctx.outcome = "client_disconnected";
+        m().client_disconnects
+            .with_label_values(&[ctx.route.as_str()])
+            .inc();
+        // Closing the upstream connection makes the server abort the generation.
+        resp.finish(&gw.connector).await;
+        session.as_downstream_mut().set_keepalive(None);
+        return Ok(());
+    }
+    if translator.end() == StreamEnd::Failed && ctx.outcome == "ok" {
+        ctx.outcome = "upstream_error";
+        ctx.error = translator.error().map(|e| e.kind.label());
+    }
+    resp.finish(&gw.connector).await;
+    if committed {
+        session.write_response_body(None, true).await?;
+    } else {
+        // The upstream ended without a byte of output (nothing to commit): say so.
+        let e = translator
+            .error()
+            .cloned()
+            .unwrap_or_else(|| malformed_stream("the stream ended without output"));
+        return respond::error(session, ctx, ctx.format, &e).await;
+    }
+    Ok(())
+}
+
+/// Asks a replica's tokenizer (`/tokenize`) to count a prompt; returns the upstream body.
+pub async fn tokenize(
+    gw: &Gateway,
+    ctx: &mut RequestCtx,
+    model_id: ModelId,
+    body: &[u8],
+) -> Result<Vec<u8>, ApiError> {
+    let model = &gw.config.models[model_id];
+    let pool = &gw.pools[model_id];
+    let mut tried = Vec::new();
+    loop {
+        let guard = pool.pick(&[], &tried).ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Overloaded { retry_after: 1 },
+                format!("no healthy replica serves `{}` right now", model.slug),
+            )
+        })?;
+        ctx.attempts += 1;
+        ctx.replica = Some(guard.replica().url.clone());
+        let call = Call {
+            replica: guard.replica(),
+            timeouts: &model.timeouts,
+            path: &model.tokenize_path,
+            body,
+            request_id: &ctx.request_id,
+            api_key: model.upstream_api_key.as_deref(),
+            header_timeout: Duration::from_secs(30),
+        };
+        let started = Instant::now();
+        let sent = client::send(&gw.connector, &call).await;
+        ctx.upstream_time += started.elapsed();
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(SendError::Timeout) => {
+                return Err(ApiError::new(
+                    ErrorKind::UpstreamTimeout,
+                    "the tokenizer did not answer in time",
+                ))
+            }
+            Err(e) => {
+                guard.failed(e.kind());
+                tried.push(guard.index);
+                continue;
+            }
+        };
+        let status = resp.status;
+        let body = resp
+            .read_all(MAX_ERROR_BODY * 4, Duration::from_secs(30))
+            .await
+            .map_err(|d| malformed_stream(&d))?;
+        resp.finish(&gw.connector).await;
+        return match status {
+            200 => {
+                guard.succeeded();
+                Ok(body.to_vec())
+            }
+            404 | 405 | 501 => Err(ApiError::new(
+                ErrorKind::TokenizerUnavailable,
+                format!(
+                    "`{}` cannot count tokens: its server offers no tokenizer at {}",
+                    model.slug, model.tokenize_path
+                ),
+            )),
+            _ => {
+                if status >= 500 {
+                    guard.failed(&format!("status_{status}"));
+                }
+                Err(map_upstream_error(
+                    &UpstreamFailure {
+                        status,
+                        body: &body,
+                        retry_after: None,
+                        upstream_model: &model.upstream_model,
+                        slug: &model.slug,
+                    },
+                    ClientFormat::Messages,
+                ))
+            }
+        };
+    }
+}

@@ -1,0 +1,74 @@
+//! Writing responses the gateway answers itself: JSON bodies, errors, stream headers.
+//!
+//! Every response carries the request id as `x-request-id` (what the OpenAI SDK reads) and
+//! `request-id` (what the Anthropic SDK reads). Responses written here bypass pingora's
+//! response filters, so these headers are added here and nowhere else.
+
+use super::RequestCtx;
+use crate::error::{ApiError, ClientFormat};
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+fn base_header(status: u16, ctx: &RequestCtx) -> pingora::Result<ResponseHeader> {
+    let mut h = ResponseHeader::build(status, Some(8))?;
+    h.insert_header("x-request-id", ctx.request_id.as_str())?;
+    h.insert_header("request-id", ctx.request_id.as_str())?;
+    Ok(h)
+}
+
+/// Writes a complete JSON response.
+pub async fn json(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    status: u16,
+    body: Bytes,
+    retry_after: Option<u64>,
+) -> pingora::Result<()> {
+    let mut h = base_header(status, ctx)?;
+    h.insert_header("content-type", "application/json")?;
+    h.insert_header("content-length", body.len().to_string())?;
+    if let Some(s) = retry_after {
+        h.insert_header("retry-after", s.to_string())?;
+    }
+    ctx.status = status;
+    let head_only = session.req_header().method == http::Method::HEAD;
+    session
+        .write_response_header(Box::new(h), head_only)
+        .await?;
+    if !head_only {
+        session.write_response_body(Some(body), true).await?;
+    }
+    Ok(())
+}
+
+/// Writes an error in the client's format with its status (and `retry-after` when it has one).
+pub async fn error(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    format: ClientFormat,
+    err: &ApiError,
+) -> pingora::Result<()> {
+    ctx.error = Some(err.kind.label());
+    let body = err.body(format, &ctx.request_id);
+    json(
+        session,
+        ctx,
+        err.status(format),
+        body,
+        err.kind.retry_after(),
+    )
+    .await
+}
+
+/// Commits a `200` event stream: chunked, not cached, not buffered by intermediaries.
+pub async fn stream_header(session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    let mut h = base_header(200, ctx)?;
+    h.insert_header("content-type", "text/event-stream; charset=utf-8")?;
+    h.insert_header("cache-control", "no-cache")?;
+    h.insert_header("x-accel-buffering", "no")?;
+    // Without an explicit chunked encoding pingora would fall back to close-delimited framing.
+    h.insert_header("transfer-encoding", "chunked")?;
+    ctx.status = 200;
+    session.write_response_header(Box::new(h), false).await
+}

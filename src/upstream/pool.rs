@@ -1,0 +1,445 @@
+//! Replica pools: which upstream server gets a request.
+//!
+//! Each model has a pool of replicas. Pingora's load-balancing crate owns the backend set and
+//! the **active** health checks (`GET /health` every interval, run by a background service);
+//! this module adds what an inference cluster needs on top:
+//!
+//! - **in-flight counts** per replica (an RAII [`ReplicaGuard`] per attempt), for least-loaded
+//!   selection — pingora 0.9 has no least-connections algorithm;
+//! - **passive ejection**: after `max_failures` consecutive failed attempts a replica is skipped
+//!   until an ejection period passes (then tried again), on top of the health checks;
+//! - **prefix-cache affinity**: requests whose upstream prompt starts with the same bytes as an
+//!   earlier one go to the replica that served it, where the KV cache already holds that
+//!   prefix — unless that replica is busier than the least-loaded one by more than a slack.
+//!
+//! The affinity table is lock-free: a direct-mapped array of `AtomicU64`, one slot per block
+//! hash (48-bit tag + replica index), so routing takes no lock. A collision simply forgets an
+//! old prefix, like a CPU cache. Prompts are hashed in 1 KiB blocks, each hash chained on the
+//! previous one, so "the same first N KiB" is a lookup per block, longest match wins.
+
+use crate::config::{Model, Replica, Routing};
+use crate::metrics::m;
+use pingora::lb::health_check::{HealthObserve, HttpHealthCheck};
+use pingora::lb::selection::RoundRobin;
+use pingora::lb::{Backend, Backends, LoadBalancer};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of upstream prompt per affinity block.
+pub const AFFINITY_BLOCK: usize = 1024;
+const AFFINITY_SLOTS: usize = 1 << 16;
+/// A replica holding the prefix is skipped when it has this many more requests in flight than
+/// the least-loaded replica.
+const AFFINITY_SLACK: usize = 4;
+
+/// Live state of one replica.
+pub struct ReplicaState {
+    pub replica: Replica,
+    backend: Backend,
+    in_flight: AtomicUsize,
+    consecutive_failures: AtomicU32,
+    /// Milliseconds since the pool's epoch until which the replica is ejected.
+    ejected_until_ms: AtomicU64,
+}
+
+/// The replicas of one model.
+pub struct ModelPool {
+    pub slug: String,
+    pub replicas: Vec<ReplicaState>,
+    lb: Arc<LoadBalancer<RoundRobin>>,
+    routing: Routing,
+    max_failures: u32,
+    eject_for: Duration,
+    epoch: Instant,
+    rr: AtomicUsize,
+    affinity: Box<[AtomicU64]>,
+}
+
+/// Why a replica was chosen (a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    LeastLoaded,
+    RoundRobin,
+    Affinity,
+}
+
+impl Pick {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pick::LeastLoaded => "least_loaded",
+            Pick::RoundRobin => "round_robin",
+            Pick::Affinity => "affinity",
+        }
+    }
+}
+
+/// Holds one in-flight slot on a replica; released on drop.
+pub struct ReplicaGuard<'a> {
+    pool: &'a ModelPool,
+    pub index: usize,
+    pub pick: Pick,
+}
+
+impl ReplicaGuard<'_> {
+    pub fn replica(&self) -> &Replica {
+        &self.pool.replicas[self.index].replica
+    }
+
+    /// The attempt worked: the replica is healthy as far as we know.
+    pub fn succeeded(&self) {
+        self.pool.replicas[self.index]
+            .consecutive_failures
+            .store(0, Ordering::Relaxed);
+    }
+
+    /// The attempt failed (`kind` is a metric label); ejects after too many in a row.
+    pub fn failed(&self, kind: &str) {
+        let r = &self.pool.replicas[self.index];
+        m().upstream_failures
+            .with_label_values(&[&self.pool.slug, &r.replica.url, kind])
+            .inc();
+        let n = r.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.pool.max_failures {
+            let until = self.pool.now_ms() + self.pool.eject_for.as_millis() as u64;
+            r.ejected_until_ms.store(until, Ordering::Relaxed);
+            m().upstream_healthy
+                .with_label_values(&[&self.pool.slug, &r.replica.url])
+                .set(0);
+            log::warn!(
+                "replica {} of {} ejected for {:?} after {n} consecutive failures",
+                r.replica.url,
+                self.pool.slug,
+                self.pool.eject_for
+            );
+        }
+    }
+}
+
+impl Drop for ReplicaGuard<'_> {
+    fn drop(&mut self) {
+        let r = &self.pool.replicas[self.index];
+        let left = r
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed)
+            .saturating_sub(1);
+        m().upstream_in_flight
+            .with_label_values(&[&self.pool.slug, &r.replica.url])
+            .set(left as i64);
+    }
+}
+
+/// Chained hashes of each full [`AFFINITY_BLOCK`] of `prompt`.
+pub fn block_hashes(prompt: &[u8]) -> Vec<u64> {
+    let state = ahash::RandomState::with_seeds(0x5155_4950, 0x7175_6970, 0x6b76_6361, 0x6368_6521);
+    let mut prev = 0u64;
+    prompt
+        .chunks_exact(AFFINITY_BLOCK)
+        .map(|block| {
+            prev = state.hash_one((prev, block));
+            prev
+        })
+        .collect()
+}
+
+struct HealthMetric {
+    slug: String,
+    urls: Vec<(SocketAddr, String)>,
+}
+
+#[async_trait::async_trait]
+impl HealthObserve for HealthMetric {
+    async fn observe(&self, target: &Backend, healthy: bool) {
+        if let Some((_, url)) = self
+            .urls
+            .iter()
+            .find(|(a, _)| Some(*a) == target.addr.as_inet().copied())
+        {
+            m().upstream_healthy
+                .with_label_values(&[&self.slug, url])
+                .set(i64::from(healthy));
+            if healthy {
+                log::info!("replica {url} of {} is healthy", self.slug);
+            } else {
+                log::warn!("replica {url} of {} failed its health check", self.slug);
+            }
+        }
+    }
+}
+
+impl ModelPool {
+    /// Builds the pool and its pingora load balancer (whose health checks the caller runs as a
+    /// background service, see [`ModelPool::load_balancer`]).
+    pub fn new(model: &Model) -> std::io::Result<ModelPool> {
+        let addrs: Vec<String> = model.replicas.iter().map(|r| r.addr.to_string()).collect();
+        let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(addrs.iter().map(String::as_str))?;
+        let host = model
+            .replicas
+            .first()
+            .map(|r| r.authority.clone())
+            .unwrap_or_default();
+        let mut hc = HttpHealthCheck::new(&host, false);
+        hc.req.set_uri(
+            model
+                .health
+                .path
+                .parse()
+                .unwrap_or_else(|_| http::Uri::from_static("/health")),
+        );
+        hc.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
+        hc.peer_template.options.read_timeout = Some(Duration::from_secs(2));
+        hc.health_changed_callback = Some(Box::new(HealthMetric {
+            slug: model.slug.clone(),
+            urls: model
+                .replicas
+                .iter()
+                .map(|r| (r.addr, r.url.clone()))
+                .collect(),
+        }));
+        lb.set_health_check(Box::new(hc));
+        lb.health_check_frequency = Some(model.health.interval);
+        lb.parallel_health_check = true;
+        let replicas = model
+            .replicas
+            .iter()
+            .map(|r| {
+                m().upstream_healthy
+                    .with_label_values(&[&model.slug, &r.url])
+                    .set(1);
+                m().upstream_in_flight
+                    .with_label_values(&[&model.slug, &r.url])
+                    .set(0);
+                ReplicaState {
+                    replica: r.clone(),
+                    backend: Backend {
+                        addr: pingora::protocols::l4::socket::SocketAddr::Inet(r.addr),
+                        weight: 1,
+                        ext: Default::default(),
+                    },
+                    in_flight: AtomicUsize::new(0),
+                    consecutive_failures: AtomicU32::new(0),
+                    ejected_until_ms: AtomicU64::new(0),
+                }
+            })
+            .collect();
+        Ok(ModelPool {
+            slug: model.slug.clone(),
+            replicas,
+            lb: Arc::new(lb),
+            routing: model.routing,
+            max_failures: model.health.max_failures,
+            eject_for: (model.health.interval * 2).max(Duration::from_secs(1)),
+            epoch: Instant::now(),
+            rr: AtomicUsize::new(0),
+            affinity: (0..AFFINITY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// The pingora load balancer, to run its health checks as a background service.
+    pub fn load_balancer(&self) -> Arc<LoadBalancer<RoundRobin>> {
+        self.lb.clone()
+    }
+
+    fn backends(&self) -> &Backends {
+        self.lb.backends()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Healthy per the health checks and not ejected.
+    pub fn is_available(&self, i: usize) -> bool {
+        let r = &self.replicas[i];
+        self.backends().ready(&r.backend)
+            && r.ejected_until_ms.load(Ordering::Relaxed) <= self.now_ms()
+    }
+
+    pub fn in_flight(&self, i: usize) -> usize {
+        self.replicas[i].in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Picks a replica not in `exclude`, or `None` if none is available. `prompt_blocks` are the
+    /// request's [`block_hashes`] (empty unless the pool routes by prefix affinity).
+    pub fn pick(&self, prompt_blocks: &[u64], exclude: &[usize]) -> Option<ReplicaGuard<'_>> {
+        let candidates: Vec<usize> = (0..self.replicas.len())
+            .filter(|i| !exclude.contains(i) && self.is_available(*i))
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let start = self.rr.fetch_add(1, Ordering::Relaxed);
+        let n = candidates.len();
+        let least = || {
+            (0..n)
+                .map(|k| candidates[(start + k) % n])
+                .min_by_key(|&i| self.in_flight(i))
+                .unwrap_or(candidates[0])
+        };
+        let (index, pick) = match self.routing {
+            Routing::RoundRobin => (candidates[start % n], Pick::RoundRobin),
+            Routing::LeastLoaded => (least(), Pick::LeastLoaded),
+            Routing::PrefixAffinity => {
+                let fallback = least();
+                match self.affinity_lookup(prompt_blocks) {
+                    Some(i) if candidates.contains(&i) => {
+                        if self.in_flight(i) <= self.in_flight(fallback) + AFFINITY_SLACK {
+                            m().affinity_hits
+                                .with_label_values(&[&self.slug, "hit"])
+                                .inc();
+                            (i, Pick::Affinity)
+                        } else {
+                            m().affinity_hits
+                                .with_label_values(&[&self.slug, "overloaded"])
+                                .inc();
+                            (fallback, Pick::LeastLoaded)
+                        }
+                    }
+                    _ => {
+                        if !prompt_blocks.is_empty() {
+                            m().affinity_hits
+                                .with_label_values(&[&self.slug, "miss"])
+                                .inc();
+                        }
+                        (fallback, Pick::LeastLoaded)
+                    }
+                }
+            }
+        };
+        if self.routing == Routing::PrefixAffinity {
+            self.affinity_record(prompt_blocks, index);
+        }
+        let r = &self.replicas[index];
+        let now = r.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        m().upstream_in_flight
+            .with_label_values(&[&self.slug, &r.replica.url])
+            .set(now as i64);
+        m().upstream_selected
+            .with_label_values(&[&self.slug, &r.replica.url, pick.as_str()])
+            .inc();
+        Some(ReplicaGuard {
+            pool: self,
+            index,
+            pick,
+        })
+    }
+
+    /// Whether prefix affinity applies to this pool (callers skip hashing otherwise).
+    pub fn uses_affinity(&self) -> bool {
+        self.routing == Routing::PrefixAffinity && self.replicas.len() > 1
+    }
+
+    fn slot(&self, h: u64) -> &AtomicU64 {
+        &self.affinity[(h as usize) % AFFINITY_SLOTS]
+    }
+
+    fn affinity_lookup(&self, blocks: &[u64]) -> Option<usize> {
+        blocks.iter().rev().find_map(|&h| {
+            let v = self.slot(h).load(Ordering::Relaxed);
+            (v != 0 && v >> 16 == h >> 16).then_some((v & 0xffff) as usize)
+        })
+    }
+
+    fn affinity_record(&self, blocks: &[u64], replica: usize) {
+        for &h in blocks {
+            self.slot(h)
+                .store((h & !0xffff) | replica as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, EMBEDDED_DEFAULT};
+
+    fn pool(routing: &str, n: usize) -> ModelPool {
+        let mut text = EMBEDDED_DEFAULT.to_owned();
+        let ups: Vec<String> = (0..n)
+            .map(|i| format!("\"http://127.0.0.1:{}/v1\"", 18000 + i))
+            .collect();
+        text = text.replacen(
+            "upstreams = [\"http://127.0.0.1:8000/v1\"]",
+            &format!("upstreams = [{}]\nrouting = \"{routing}\"", ups.join(",")),
+            1,
+        );
+        let c = Config::parse(&text, "t").unwrap();
+        ModelPool::new(&c.models[0]).unwrap()
+    }
+
+    #[test]
+    fn least_loaded_spreads() {
+        let p = pool("least_loaded", 3);
+        let a = p.pick(&[], &[]).unwrap();
+        let b = p.pick(&[], &[]).unwrap();
+        let c = p.pick(&[], &[]).unwrap();
+        let mut seen = vec![a.index, b.index, c.index];
+        seen.sort();
+        assert_eq!(seen, vec![0, 1, 2]);
+        let freed = b.index;
+        drop(b);
+        let d = p.pick(&[], &[]).unwrap();
+        assert_eq!(d.index, freed, "the idle replica is the least loaded");
+        assert_eq!(p.in_flight(d.index), 1);
+    }
+
+    #[test]
+    fn exclusion_and_ejection() {
+        let p = pool("least_loaded", 2);
+        let g = p.pick(&[], &[0]).unwrap();
+        assert_eq!(g.index, 1);
+        for _ in 0..3 {
+            g.failed("connect");
+        }
+        drop(g);
+        assert!(!p.is_available(1));
+        assert_eq!(p.pick(&[], &[]).unwrap().index, 0);
+        assert!(p.pick(&[], &[0]).is_none());
+    }
+
+    #[test]
+    fn affinity_follows_the_prefix() {
+        let p = pool("prefix_affinity", 2);
+        let conv: Vec<u8> = (0..5000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let turn1 = block_hashes(&conv[..8000]);
+        let turn2 = block_hashes(&conv[..15000]);
+        let first = p.pick(&turn1, &[]).unwrap().index;
+        for _ in 0..10 {
+            let g = p.pick(&turn2, &[]).unwrap();
+            assert_eq!(g.index, first);
+            assert_eq!(g.pick, Pick::Affinity);
+        }
+        // A different conversation is free to go elsewhere.
+        let other: Vec<u8> = (0..3000u32).flat_map(|i| (i * 7).to_be_bytes()).collect();
+        let _busy = p.pick(&turn2, &[]).unwrap();
+        let g = p.pick(&block_hashes(&other), &[]).unwrap();
+        assert_ne!(g.index, first);
+    }
+
+    #[test]
+    fn affinity_yields_to_load() {
+        let p = pool("prefix_affinity", 2);
+        let conv = vec![7u8; 4096];
+        let h = block_hashes(&conv);
+        let first = p.pick(&h, &[]).unwrap().index;
+        let mut held = Vec::new();
+        for _ in 0..=AFFINITY_SLACK {
+            held.push(p.pick(&h, &[]).unwrap());
+        }
+        assert!(held.iter().all(|g| g.index == first));
+        let g = p.pick(&h, &[]).unwrap();
+        assert_ne!(g.index, first, "overloaded holder skipped");
+    }
+
+    #[test]
+    fn block_hashes_chain() {
+        let a = block_hashes(&[1u8; 3000]);
+        assert_eq!(a.len(), 2);
+        let b = block_hashes(&[1u8; 2048]);
+        assert_eq!(a, b);
+        let mut c = vec![1u8; 2048];
+        c[0] = 2;
+        assert_ne!(block_hashes(&c)[1], a[1]);
+    }
+}
