@@ -8,18 +8,13 @@
 //! translate + meter → settle + record. Protocol work is pure (`sse`, `usage`, `translate`);
 //! I/O lives at the edges (`proxy`, `store`).
 
+pub use quipu_core::{config, error, money, protocol, sse, translate, usage};
+
 pub mod auth;
 pub mod billing;
 pub mod catalog;
-pub mod config;
-pub mod error;
 pub mod metrics;
-pub mod money;
-pub mod protocol;
 pub mod proxy;
 pub mod ratelimit;
-pub mod sse;
 pub mod store;
-pub mod translate;
 pub mod upstream;
-pub mod usage;

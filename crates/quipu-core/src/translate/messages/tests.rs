@@ -157,7 +157,7 @@ macro_rules! fixture {
     ($name:literal) => {
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/messages/",
+            "/../../tests/fixtures/messages/",
             $name,
             ".sse"
         ))

@@ -477,7 +477,7 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 /// The configuration Quipu runs on when no file is given: three models on a local upstream.
-pub const EMBEDDED_DEFAULT: &str = include_str!("../conf/quipu.toml");
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../../conf/quipu.toml");
 
 impl Config {
     /// Reads, parses and validates a file.

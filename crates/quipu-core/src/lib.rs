@@ -1,0 +1,20 @@
+//! Quipu's protocol core: everything about the wire formats and money that needs no I/O.
+//!
+//! - [`config`]: the validated configuration (`conf/quipu.toml`).
+//! - [`error`]: one client-visible error type, rendered in either client format.
+//! - [`money`]: exact amounts in soles (pico-soles in an `i128`), rates, charges.
+//! - [`usage`]: token usage and where each protocol's fields come from.
+//! - [`sse`]: the incremental Server-Sent Events decoder and encoders.
+//! - [`protocol`]: serde wire types.
+//! - [`translate`]: the pure translators between the client formats and the upstream.
+//!
+//! A separate crate so that fuzzing, benchmarking and testing the translators does not build
+//! the proxy (pingora) at all.
+
+pub mod config;
+pub mod error;
+pub mod money;
+pub mod protocol;
+pub mod sse;
+pub mod translate;
+pub mod usage;
