@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod error;
+pub mod keys;
 pub mod money;
 pub mod protocol;
 pub mod sse;
