@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod keys;
 pub mod money;
+pub mod ops;
 pub mod protocol;
 pub mod sse;
 pub mod store;
