@@ -3,8 +3,10 @@
 //! **Connections.** A small pool ([`POOL_SIZE`] connections, opened on demand, `NoTls`). A
 //! connection that broke is noticed (`is_closed`) and replaced by a fresh one on the next call,
 //! so a database restart costs the calls made while it is down, not a gateway restart. Every
-//! query is sent with its parameter types (`query_typed`): one round trip, no prepared-statement
-//! bookkeeping. Messages name the server with [`redact_url`], never the password.
+//! query is sent with its parameter types (`query_typed`): one round trip, no
+//! prepared-statement bookkeeping. Messages name the server as `postgres://user@host:port/db`,
+//! rebuilt from the parsed configuration, so they never carry the password (whether the URL
+//! had it in the userinfo or in the query string).
 //!
 //! **Money under concurrency.** Transactions run at READ COMMITTED with explicit row locks:
 //! every transaction that moves money (`record`, `top_up`, `acquire_lease`) first locks the
@@ -125,7 +127,7 @@ impl Pool {
     async fn connect(&self) -> StoreResult<Client> {
         let (client, connection) = self.config.connect(NoTls).await.map_err(|e| {
             StoreError::Backend(format!(
-                "cannot connect to postgres {}: {}",
+                "cannot connect to {}: {}; check store.url and that the server accepts connections",
                 self.name,
                 error_text(&e)
             ))
@@ -141,6 +143,35 @@ impl Pool {
         });
         Ok(client)
     }
+}
+
+/// `postgres://user@host:port/db` from the parsed config: names the server in messages and
+/// logs, and cannot contain the password whatever form the URL had.
+fn describe(config: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let host = match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(dir) => dir.display().to_string(),
+            };
+            match config.get_ports().get(i).or(config.get_ports().first()) {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            }
+        })
+        .collect();
+    format!(
+        "postgres://{}{}/{}",
+        config
+            .get_user()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default(),
+        hosts.join(","),
+        config.get_dbname().unwrap_or_default()
+    )
 }
 
 /// The error and its causes, `: `-separated (tokio-postgres puts the server's message in the
@@ -219,13 +250,15 @@ impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/db`, or any form
     /// tokio-postgres accepts) and migrates the database.
     pub async fn connect(url: &str) -> StoreResult<PgStore> {
-        let name = redact_url(url);
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+            // The query string may hold a password too (`?password=…`): leave it out.
+            let shown = redact_url(url.split('?').next().unwrap_or_default());
             StoreError::Backend(format!(
-                "store.url \"{name}\" is not a valid postgres URL: {}",
+                "store.url \"{shown}\" is not a valid postgres URL: {}",
                 error_text(&e)
             ))
         })?;
+        let name = describe(&config);
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -1063,5 +1096,42 @@ impl Store for PgStore {
 
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
         with_retry!(self, c => ledger_rows_q(c, tenant))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_names_never_carry_the_password() {
+        for url in [
+            "postgres://quipu:hunter2@db.internal:6432/billing",
+            "postgresql://quipu@db.internal:6432/billing?password=hunter2",
+        ] {
+            let config: tokio_postgres::Config = url.parse().unwrap();
+            assert_eq!(
+                describe(&config),
+                "postgres://quipu@db.internal:6432/billing"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn connection_errors_never_show_the_password() {
+        for url in [
+            // Nothing listens on port 1: refused at once.
+            "postgres://quipu:hunter2@127.0.0.1:1/quipu",
+            "postgres://quipu@127.0.0.1:1/quipu?password=hunter2",
+            // Not a valid URL at all.
+            "postgres://quipu:hunter2@127.0.0.1:notaport/quipu",
+            "postgres://quipu@127.0.0.1/quipu?password=hunter2&port=notaport",
+        ] {
+            let Err(StoreError::Backend(msg)) = PgStore::connect(url).await.map(|_| ()) else {
+                panic!("{url} should fail");
+            };
+            assert!(!msg.contains("hunter2"), "{msg}");
+            assert!(msg.contains("127.0.0.1"), "{msg}");
+        }
     }
 }
