@@ -574,7 +574,11 @@ impl Render for StatementReport {
                 ("CHARGE", true),
                 ("EXACT (S/)", true),
             ]);
-            for m in &self.models {
+            let tt = &self.totals;
+            let mut exact: Vec<String> = self.models.iter().map(|m| m.charge.clone()).collect();
+            exact.push(tt.charges.clone());
+            let exact = align_decimals(&exact);
+            for (m, exact) in self.models.iter().zip(&exact) {
                 t.row(vec![
                     m.model.clone(),
                     group_digits(m.requests),
@@ -582,10 +586,9 @@ impl Render for StatementReport {
                     group_digits(m.cached_tokens),
                     group_digits(m.output_tokens),
                     soles_text(&m.charge),
-                    m.charge.clone(),
+                    exact.clone(),
                 ]);
             }
-            let tt = &self.totals;
             t.row(vec![
                 "TOTAL".into(),
                 group_digits(tt.requests),
@@ -593,7 +596,7 @@ impl Render for StatementReport {
                 group_digits(tt.cached_tokens),
                 group_digits(tt.output_tokens),
                 soles_text(&tt.charges),
-                tt.charges.clone(),
+                exact.last().cloned().unwrap_or_default(),
             ]);
             out.push_str(&t.render());
         }
@@ -752,6 +755,26 @@ fn soles_text(decimal: &str) -> String {
         Ok(p) => (if neg { -p } else { p }).format_soles(),
         Err(_) => decimal.to_owned(),
     }
+}
+
+/// Exact decimals padded with trailing zeros to the same number of decimals, so that
+/// right-aligned they line up on the point (`0.00000105` → `0.000001050000` beside
+/// `12.345678901234`). The values are unchanged.
+fn align_decimals(values: &[String]) -> Vec<String> {
+    let decimals = |v: &str| v.split_once('.').map_or(0, |(_, f)| f.len());
+    let most = values.iter().map(|v| decimals(v)).max().unwrap_or(0);
+    values
+        .iter()
+        .map(|v| {
+            let mut v = v.clone();
+            if most > 0 && !v.contains('.') {
+                v.push('.');
+            }
+            let pad = most - decimals(&v);
+            v.push_str(&"0".repeat(pad));
+            v
+        })
+        .collect()
 }
 
 /// `1234567` → `1,234,567`.
@@ -925,6 +948,10 @@ mod tests {
             human_time_text("1970-01-01T00:00:01.500Z"),
             "1970-01-01 00:00 UTC"
         );
+        assert_eq!(
+            align_decimals(&["12.345678901234".into(), "0.00000105".into(), "3".into()]),
+            ["12.345678901234", "0.000001050000", "3.000000000000"]
+        );
     }
 
     #[tokio::test]
@@ -1025,6 +1052,9 @@ mod tests {
         assert!(text.contains("Statement for acme"), "{text}");
         assert!(text.contains("1,234,570"), "{text}");
         assert!(text.contains("2.000001050001"), "{text}");
+        // Exact charges line up on the decimal point.
+        assert!(text.contains(" 0.000000000001\n"), "{text}");
+        assert!(text.contains(" 2.000001050000\n"), "{text}");
         assert!(text.contains("S/ 48.00"), "{text}");
         assert!(text.contains("S/ 50.00"), "{text}");
         // The table is aligned: every row of the model table has the same width up to CHARGE.
