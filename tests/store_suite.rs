@@ -684,9 +684,9 @@ async fn stale_leases_are_reclaimed(fx: &Fixture) {
     s.acquire_lease("dead", t, soles("1")).await.unwrap();
     s.acquire_lease("alive", t, soles("2")).await.unwrap();
     s.acquire_lease("alive", u, soles("3")).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
     s.heartbeat("alive").await.unwrap();
-    assert_eq!(s.reclaim_stale_leases(250).await.unwrap(), 1);
+    assert_eq!(s.reclaim_stale_leases(350).await.unwrap(), 1);
     assert_eq!(s.balance(t).await.unwrap().leased, soles("2"));
     assert_eq!(s.balance(u).await.unwrap().leased, soles("3"));
     assert_eq!(s.reclaim_stale_leases(60_000).await.unwrap(), 0);
@@ -700,18 +700,18 @@ async fn stale_leases_are_reclaimed(fx: &Fixture) {
     assert_eq!(s.balance(t).await.unwrap().leased, soles("8"));
     assert_eq!(s.balance(u).await.unwrap().leased, Pen::ZERO);
     // Acquiring refreshes the heartbeat, whether it grants something or nothing.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         s.acquire_lease("new", t, soles("2")).await.unwrap(),
         soles("2")
     );
-    assert_eq!(s.reclaim_stale_leases(250).await.unwrap(), 0);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(s.reclaim_stale_leases(350).await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(
         s.acquire_lease("new", t, soles("1")).await.unwrap(),
         Pen::ZERO
     );
-    assert_eq!(s.reclaim_stale_leases(250).await.unwrap(), 0);
+    assert_eq!(s.reclaim_stale_leases(350).await.unwrap(), 0);
     assert_eq!(s.balance(t).await.unwrap().leased, soles("10"));
 }
 
