@@ -26,9 +26,17 @@
 //! balance and the recording replica's lease. Leases carry a heartbeat; a replica that died
 //! holding one loses it after a timeout.
 
+pub mod postgres;
+mod rows;
+pub mod schema;
+mod sql_money;
+pub mod sqlite;
+
+use crate::config::redact_url;
 use crate::money::Pen;
 use async_trait::async_trait;
 use std::fmt;
+use std::sync::Arc;
 
 pub type TenantId = i64;
 
@@ -239,4 +247,25 @@ pub fn now_ms() -> UnixMs {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// Opens the store that `url` names and migrates it: `sqlite://PATH` (a file, created with its
+/// directory if missing; `sqlite://:memory:` for a private in-memory database) or
+/// `postgres://…` / `postgresql://…` (a server shared by replicas).
+pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        if path.is_empty() {
+            return Err(StoreError::Backend(
+                "store.url \"sqlite://\" names no file; write sqlite://data/quipu.db".into(),
+            ));
+        }
+        Ok(Arc::new(sqlite::SqliteStore::open(path).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PgStore::connect(url).await?))
+    } else {
+        Err(StoreError::Backend(format!(
+            "store.url \"{}\" is not supported; use sqlite://PATH or postgres://USER:PASSWORD@HOST/DB",
+            redact_url(url)
+        )))
+    }
 }

@@ -1,0 +1,904 @@
+//! The store contract, run against every backend: each test below is generated once for
+//! SQLite (a temporary file) and once for PostgreSQL (a fresh database on the server named by
+//! `QUIPU_TEST_PG_URL`), by [`store_suite!`].
+//!
+//! The PostgreSQL tests FAIL when `QUIPU_TEST_PG_URL` is unset. Start a throwaway server with
+//!
+//! ```text
+//! scripts/pg-test.sh run -- cargo test --release --test store_suite
+//! ```
+//!
+//! or `eval "$(scripts/pg-test.sh start)"`, run the tests, then `scripts/pg-test.sh stop`.
+#![expect(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "test helpers outside #[test] functions: a failed unwrap is a failed test"
+)]
+
+use quipu::keys;
+use quipu::money::Pen;
+use quipu::store::{self, KeyLimits, LedgerRow, NewKey, Store, StoreError, TenantId};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{name}_{}_{}_{nanos}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// One empty database for one test; [`Fixture::open`] opens as many handles on it as the test
+/// wants (each a separate connection or pool, like separate processes or replicas).
+struct Fixture {
+    url: String,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Dir(PathBuf),
+    PgDatabase { admin_url: String, name: String },
+}
+
+impl Fixture {
+    fn sqlite(test: &str) -> Fixture {
+        let dir = std::env::temp_dir().join(unique(&format!("quipu-store-{test}")));
+        // A directory that does not exist yet: opening must create it.
+        let file = dir.join("nested").join("quipu.db");
+        Fixture {
+            url: format!("sqlite://{}", file.display()),
+            cleanup: Cleanup::Dir(dir),
+        }
+    }
+
+    async fn postgres(test: &str) -> Fixture {
+        let admin_url = std::env::var("QUIPU_TEST_PG_URL").unwrap_or_default();
+        assert!(
+            !admin_url.is_empty(),
+            "QUIPU_TEST_PG_URL is not set, so the PostgreSQL store tests cannot run. Start a \
+             throwaway server and run them with:\n\n    \
+             scripts/pg-test.sh run -- cargo test --release --test store_suite\n\n\
+             (or: eval \"$(scripts/pg-test.sh start)\"; cargo test --release --test store_suite; \
+             scripts/pg-test.sh stop)"
+        );
+        let name = unique(&format!("quipu_{test}")).to_lowercase();
+        let admin = admin_client(&admin_url).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap();
+        Fixture {
+            url: with_database(&admin_url, &name),
+            cleanup: Cleanup::PgDatabase { admin_url, name },
+        }
+    }
+
+    async fn open(&self) -> Arc<dyn Store> {
+        match store::open(&self.url).await {
+            Ok(s) => s,
+            Err(e) => panic!("cannot open {}: {e}", self.url),
+        }
+    }
+
+    /// Everything the store persisted about keys, as text, to check what it holds.
+    async fn stored_key_material(&self) -> String {
+        match &self.cleanup {
+            Cleanup::Dir(dir) => {
+                let mut all = Vec::new();
+                for entry in walk(dir) {
+                    all.extend(std::fs::read(entry).unwrap_or_default());
+                }
+                String::from_utf8_lossy(&all).into_owned()
+            }
+            Cleanup::PgDatabase { .. } => {
+                let c = admin_client(&self.url).await;
+                let row = c
+                    .query_one(
+                        "SELECT COALESCE(string_agg(row_to_json(k)::text, E'\\n'), '') FROM api_keys k",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                row.get(0)
+            }
+        }
+    }
+
+    async fn finish(self) {
+        match self.cleanup {
+            Cleanup::Dir(dir) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Cleanup::PgDatabase { admin_url, name } => {
+                let admin = admin_client(&admin_url).await;
+                let _ = admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                    .await;
+            }
+        }
+    }
+}
+
+fn walk(dir: &PathBuf) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+async fn admin_client(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to QUIPU_TEST_PG_URL ({url}): {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// `postgres://u@h:p/db?x` with its database replaced.
+fn with_database(url: &str, db: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (main, query) = match rest.split_once('?') {
+        Some((m, q)) => (m, format!("?{q}")),
+        None => (rest, String::new()),
+    };
+    let authority = main.split('/').next().unwrap();
+    format!("{scheme}://{authority}/{db}{query}")
+}
+
+/// Generates each named test once per backend.
+macro_rules! store_suite {
+    ($($test:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    let fx = super::Fixture::sqlite(stringify!($test));
+                    super::$test(&fx).await;
+                    fx.finish().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    let fx = super::Fixture::postgres(stringify!($test)).await;
+                    super::$test(&fx).await;
+                    fx.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+store_suite!(
+    migrations_run_once_and_reopen,
+    tenants,
+    keys_store_only_hashes_and_move_the_version,
+    top_ups,
+    record_is_atomic_and_idempotent,
+    concurrent_replays_charge_once,
+    concurrent_leases_never_exceed_the_balance,
+    record_reduces_lease_and_balance,
+    stale_leases_are_reclaimed,
+    statement_totals_equal_the_ledger,
+    balance_beyond_i64_round_trips,
+    sums_of_large_entries_do_not_overflow,
+);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn soles(text: &str) -> Pen {
+    Pen::parse(text, 12).unwrap()
+}
+
+async fn tenant_with(s: &dyn Store, name: &str, balance: &str) -> TenantId {
+    let t = s.create_tenant(name).await.unwrap();
+    if soles(balance) > Pen::ZERO {
+        s.top_up(t.id, soles(balance), "test").await.unwrap();
+    }
+    t.id
+}
+
+fn row(id: &str, tenant: TenantId, at: i64, model: &str, charge: Pen) -> LedgerRow {
+    LedgerRow {
+        request_id: id.to_owned(),
+        at,
+        tenant_id: tenant,
+        key_id: "key_000000000001".into(),
+        model: model.to_owned(),
+        format: "messages".into(),
+        input_tokens: 1200,
+        cached_tokens: 200,
+        output_tokens: 345,
+        charge,
+        status: "ok".into(),
+        http_status: 200,
+    }
+}
+
+/// A deterministic spread of values (no external RNG crate needed).
+fn lcg(seed: &mut u64) -> u64 {
+    *seed = seed
+        .wrapping_mul(6_364_136_223_846_793_005)
+        .wrapping_add(1_442_695_040_888_963_407);
+    *seed >> 11
+}
+
+// ---------------------------------------------------------------------------------------------
+// The suite
+
+async fn migrations_run_once_and_reopen(fx: &Fixture) {
+    // Two processes opening a new database at once: migrations apply once, both succeed.
+    let (a, b) = tokio::join!(fx.open(), fx.open());
+    let t = a.create_tenant("acme").await.unwrap();
+    assert_eq!(b.tenant_by_name("acme").await.unwrap(), Some(t.clone()));
+    let v = a.keys_version().await.unwrap();
+    drop((a, b));
+    // Reopening migrates nothing and keeps the data.
+    let c = fx.open().await;
+    assert_eq!(c.tenant_by_name("acme").await.unwrap(), Some(t));
+    assert_eq!(c.keys_version().await.unwrap(), v);
+}
+
+async fn tenants(fx: &Fixture) {
+    let s = fx.open().await;
+    let v0 = s.keys_version().await.unwrap();
+    let a = s.create_tenant("acme").await.unwrap();
+    let b = s.create_tenant("beta").await.unwrap();
+    assert_ne!(a.id, b.id);
+    assert_eq!(a.name, "acme");
+    assert!((a.created_at - store::now_ms()).abs() < 60_000);
+    assert!(
+        s.keys_version().await.unwrap() > v0,
+        "creating a tenant moves the keys version"
+    );
+
+    match s.create_tenant("acme").await {
+        Err(StoreError::Conflict(m)) => assert!(m.contains("acme"), "{m}"),
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert_eq!(s.tenant_by_name("beta").await.unwrap(), Some(b.clone()));
+    assert_eq!(s.tenant_by_name("nobody").await.unwrap(), None);
+
+    let list = s.list_tenants().await.unwrap();
+    let names: Vec<&str> = list.iter().map(|t| t.tenant.name.as_str()).collect();
+    assert_eq!(names, ["acme", "beta"]);
+    assert!(list
+        .iter()
+        .all(|t| t.balance == Pen::ZERO && t.leased == Pen::ZERO && t.active_keys == 0));
+
+    let missing = 987_654;
+    assert!(matches!(
+        s.balance(missing).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.top_up(missing, soles("1"), "").await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.statement(missing, None, None).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.acquire_lease("r1", missing, soles("1")).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.list_keys(Some(missing)).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+async fn keys_store_only_hashes_and_move_the_version(fx: &Fixture) {
+    let s = fx.open().await;
+    let acme = s.create_tenant("acme").await.unwrap();
+    let beta = s.create_tenant("beta").await.unwrap();
+    let v0 = s.keys_version().await.unwrap();
+
+    let (secret, id, hash, prefix) = keys::generate_key();
+    let limits = KeyLimits {
+        requests_per_minute: Some(60),
+        tokens_per_minute: Some(100_000),
+    };
+    let info = s
+        .create_key(NewKey {
+            id: id.clone(),
+            tenant: acme.id,
+            label: "laptop".into(),
+            secret_hash: hash,
+            secret_prefix: prefix.clone(),
+            limits,
+        })
+        .await
+        .unwrap();
+    assert_eq!(info.id, id);
+    assert_eq!(info.tenant_name, "acme");
+    assert_eq!(info.secret_prefix, prefix);
+    assert_eq!(info.limits, limits);
+    assert_eq!(info.revoked_at, None);
+    let v1 = s.keys_version().await.unwrap();
+    assert!(v1 > v0, "creating a key moves the keys version");
+
+    // The store never saw the secret, only its hash and prefix.
+    let stored = fx.stored_key_material().await;
+    assert!(stored.contains(&prefix), "the prefix is stored");
+    assert!(
+        !stored.contains(&secret[keys::DISPLAY_PREFIX_CHARS..]),
+        "the secret must not be stored"
+    );
+
+    let (v, active) = s.active_keys().await.unwrap();
+    assert_eq!(v, v1);
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].secret_hash, keys::hash_secret(&secret));
+    assert_eq!(active[0].key_id, id);
+    assert_eq!(active[0].tenant_id, acme.id);
+    assert_eq!(active[0].tenant_name, "acme");
+    assert_eq!(active[0].limits, limits);
+
+    // Same id, or same secret: conflict, and nothing changes.
+    let (_, id2, hash2, prefix2) = keys::generate_key();
+    for (kid, khash) in [(id.clone(), hash2), (id2.clone(), hash)] {
+        let r = s
+            .create_key(NewKey {
+                id: kid,
+                tenant: acme.id,
+                label: String::new(),
+                secret_hash: khash,
+                secret_prefix: prefix2.clone(),
+                limits: KeyLimits::default(),
+            })
+            .await;
+        assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+    }
+    assert_eq!(s.keys_version().await.unwrap(), v1);
+    let r = s
+        .create_key(NewKey {
+            id: id2.clone(),
+            tenant: 987_654,
+            label: String::new(),
+            secret_hash: hash2,
+            secret_prefix: prefix2.clone(),
+            limits: KeyLimits::default(),
+        })
+        .await;
+    assert!(matches!(r, Err(StoreError::NotFound(_))), "{r:?}");
+
+    let other = s
+        .create_key(NewKey {
+            id: id2.clone(),
+            tenant: beta.id,
+            label: "ci".into(),
+            secret_hash: hash2,
+            secret_prefix: prefix2,
+            limits: KeyLimits::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(other.limits, KeyLimits::default());
+    assert_eq!(s.list_keys(None).await.unwrap().len(), 2);
+    let only_beta = s.list_keys(Some(beta.id)).await.unwrap();
+    assert_eq!(only_beta.len(), 1);
+    assert_eq!(only_beta[0].id, id2);
+    let summary = s.list_tenants().await.unwrap();
+    assert!(summary.iter().all(|t| t.active_keys == 1));
+
+    // Revoke: the version moves once; revoking again changes nothing.
+    let v2 = s.keys_version().await.unwrap();
+    assert!(s.revoke_key(&id).await.unwrap());
+    let v3 = s.keys_version().await.unwrap();
+    assert!(v3 > v2, "revoking moves the keys version");
+    assert!(!s.revoke_key(&id).await.unwrap());
+    assert_eq!(s.keys_version().await.unwrap(), v3);
+    assert!(matches!(
+        s.revoke_key("key_doesnotexist").await,
+        Err(StoreError::NotFound(_))
+    ));
+    let (v, active) = s.active_keys().await.unwrap();
+    assert_eq!(v, v3);
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].key_id, id2);
+    let listed = s.list_keys(Some(acme.id)).await.unwrap();
+    assert!(listed[0].revoked_at.is_some());
+
+    // Another handle (another replica) sees the same version.
+    let s2 = fx.open().await;
+    assert_eq!(s2.keys_version().await.unwrap(), v3);
+}
+
+async fn top_ups(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = s.create_tenant("acme").await.unwrap().id;
+    let a = s.top_up(t, soles("10.00"), "first").await.unwrap();
+    assert!(a.id.starts_with("topup_"));
+    assert_eq!(a.amount, soles("10.00"));
+    assert_eq!(a.note, "first");
+    assert_eq!(a.tenant_id, t);
+    let b = s
+        .top_up(t, Pen::from_picos(1), "one pico-sol")
+        .await
+        .unwrap();
+    assert_ne!(a.id, b.id);
+    let bal = s.balance(t).await.unwrap();
+    assert_eq!(bal.balance, soles("10.000000000001"));
+    assert_eq!(bal.leased, Pen::ZERO);
+
+    for bad in [Pen::ZERO, -soles("1")] {
+        assert!(s.top_up(t, bad, "").await.is_err(), "{bad:?}");
+    }
+    assert_eq!(
+        s.balance(t).await.unwrap().balance,
+        soles("10.000000000001")
+    );
+
+    let st = s.statement(t, None, None).await.unwrap();
+    assert_eq!(st.top_ups.len(), 2);
+    // Entries of the same millisecond come in id order, so look the top-up up by id.
+    let first = st.top_ups.iter().find(|u| u.id == a.id).unwrap();
+    assert_eq!(first, &a);
+    assert_eq!(st.total_top_ups, soles("10.000000000001"));
+    assert_eq!(st.total_charges, Pen::ZERO);
+    assert_eq!(st.balance, soles("10.000000000001"));
+    assert!(st.per_model.is_empty());
+    // Top-ups are journal entries but not request rows.
+    assert!(s.ledger_rows(Some(t)).await.unwrap().is_empty());
+}
+
+async fn record_is_atomic_and_idempotent(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = tenant_with(&*s, "acme", "100").await;
+    let base = store::now_ms() - 10_000;
+    let batch: Vec<LedgerRow> = (0..5)
+        .map(|i| {
+            row(
+                &format!("req-{i}"),
+                t,
+                base + i,
+                "colibri",
+                Pen::from_picos(1_050_000 * (i as i128 + 1)),
+            )
+        })
+        .collect();
+    assert_eq!(s.record("r1", &batch).await.unwrap(), 5);
+    let after_first = s.balance(t).await.unwrap().balance;
+    // Replaying the batch (the writer retrying after a timeout) inserts and charges nothing.
+    assert_eq!(s.record("r1", &batch).await.unwrap(), 0);
+    assert_eq!(s.record("r2", &batch).await.unwrap(), 0);
+    assert_eq!(s.balance(t).await.unwrap().balance, after_first);
+
+    // Old rows, new rows and a repeat inside one batch: only the new ones count, once.
+    let mut mixed = batch[3..].to_vec();
+    mixed.push(row("req-5", t, base + 5, "aguila", soles("0.5")));
+    mixed.push(row("req-6", t, base + 6, "aguila", soles("0.25")));
+    mixed.push(row("req-5", t, base + 7, "aguila", soles("99")));
+    assert_eq!(s.record("r1", &mixed).await.unwrap(), 2);
+
+    let mut expected: Vec<LedgerRow> = batch.clone();
+    expected.push(mixed[2].clone());
+    expected.push(mixed[3].clone());
+    let charged: Pen = expected.iter().map(|r| r.charge).sum();
+    assert_eq!(s.balance(t).await.unwrap().balance, soles("100") - charged);
+    assert_eq!(s.ledger_rows(Some(t)).await.unwrap(), expected);
+    assert_eq!(s.ledger_rows(None).await.unwrap(), expected);
+    assert_eq!(s.record("r1", &[]).await.unwrap(), 0);
+
+    // A batch is all or nothing: one bad row (unknown tenant, negative charge) and none of
+    // the others is written.
+    let other = tenant_with(&*s, "beta", "1").await;
+    let before = s.balance(other).await.unwrap();
+    for bad in [
+        row("req-x2", 987_654, base, "colibri", soles("1")),
+        row("req-x2", other, base, "colibri", -soles("1")),
+    ] {
+        let r = s
+            .record(
+                "r1",
+                &[row("req-x1", other, base, "colibri", soles("0.1")), bad],
+            )
+            .await;
+        assert!(r.is_err(), "{r:?}");
+    }
+    assert_eq!(s.balance(other).await.unwrap(), before);
+    assert!(s.ledger_rows(Some(other)).await.unwrap().is_empty());
+}
+
+async fn concurrent_replays_charge_once(fx: &Fixture) {
+    let handles = [fx.open().await, fx.open().await, fx.open().await];
+    let t = tenant_with(&*handles[0], "acme", "1000").await;
+    let base = store::now_ms() - 60_000;
+    let rows: Vec<LedgerRow> = (0..60)
+        .map(|i| {
+            row(
+                &format!("req-{i}"),
+                t,
+                base + i,
+                "apu",
+                Pen::from_picos(123_456_789 + i as i128),
+            )
+        })
+        .collect();
+    // Overlapping batches from three replicas at once.
+    let mut tasks = Vec::new();
+    for k in 0..12usize {
+        let s = Arc::clone(&handles[k % 3]);
+        let start = (k * 5) % 40;
+        let chunk = rows[start..start + 20].to_vec();
+        tasks.push(tokio::spawn(async move {
+            s.record(&format!("r{}", k % 3), &chunk).await.unwrap()
+        }));
+    }
+    let mut inserted = 0;
+    for task in tasks {
+        inserted += task.await.unwrap();
+    }
+    let covered: std::collections::BTreeSet<usize> = (0..12usize)
+        .flat_map(|k| ((k * 5) % 40)..((k * 5) % 40 + 20))
+        .collect();
+    assert_eq!(inserted, covered.len() as u64);
+    let charged: Pen = covered.iter().map(|i| rows[*i].charge).sum();
+    let s = &handles[0];
+    assert_eq!(s.balance(t).await.unwrap().balance, soles("1000") - charged);
+    assert_eq!(s.ledger_rows(Some(t)).await.unwrap().len(), covered.len());
+}
+
+async fn concurrent_leases_never_exceed_the_balance(fx: &Fixture) {
+    // Three replicas, each with its own connection(s).
+    let handles = [fx.open().await, fx.open().await, fx.open().await];
+    let t = tenant_with(&*handles[0], "acme", "10.00").await;
+    let want = soles("0.37");
+    let mut tasks = Vec::new();
+    for i in 0..50usize {
+        let s = Arc::clone(&handles[i % 3]);
+        tasks.push(tokio::spawn(async move {
+            let replica = format!("replica-{}", i % 3);
+            (
+                replica.clone(),
+                s.acquire_lease(&replica, t, want).await.unwrap(),
+            )
+        }));
+    }
+    let mut granted: BTreeMap<String, Pen> = BTreeMap::new();
+    for task in tasks {
+        let (replica, g) = task.await.unwrap();
+        assert!(g >= Pen::ZERO && g <= want, "{g:?}");
+        *granted.entry(replica).or_default() += g;
+    }
+    let total: Pen = granted.values().copied().sum();
+    // 50 × 0.37 = 18.50 was asked for 10.00: exactly the balance is granted, never more.
+    assert_eq!(total, soles("10.00"));
+    let b = handles[1].balance(t).await.unwrap();
+    assert_eq!(b.leased, total);
+    assert_eq!(b.balance, soles("10.00"));
+    assert_eq!(
+        handles[2]
+            .acquire_lease("replica-9", t, soles("1"))
+            .await
+            .unwrap(),
+        Pen::ZERO
+    );
+
+    // Releases and acquisitions racing: Σ leases ≤ balance throughout and at the end.
+    let mut tasks = Vec::new();
+    for i in 0..60usize {
+        let s = Arc::clone(&handles[i % 3]);
+        tasks.push(tokio::spawn(async move {
+            let replica = format!("replica-{}", i % 3);
+            if i % 2 == 0 {
+                s.release_lease(&replica, t, soles("0.21")).await.unwrap();
+            } else {
+                s.acquire_lease(&replica, t, soles("0.5")).await.unwrap();
+            }
+            let b = s.balance(t).await.unwrap();
+            assert!(b.leased <= b.balance, "{b:?}");
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let b = handles[0].balance(t).await.unwrap();
+    assert!(b.leased <= b.balance, "{b:?}");
+    let list = handles[0].list_tenants().await.unwrap();
+    assert_eq!(list[0].leased, b.leased);
+}
+
+async fn record_reduces_lease_and_balance(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = tenant_with(&*s, "acme", "10").await;
+    let now = store::now_ms();
+    assert_eq!(
+        s.acquire_lease("r1", t, soles("4")).await.unwrap(),
+        soles("4")
+    );
+
+    assert_eq!(
+        s.record("r1", &[row("a", t, now, "colibri", soles("1.5"))])
+            .await
+            .unwrap(),
+        1
+    );
+    let b = s.balance(t).await.unwrap();
+    assert_eq!((b.balance, b.leased), (soles("8.5"), soles("2.5")));
+
+    // A charge beyond the lease empties it, not below zero.
+    s.record("r1", &[row("b", t, now, "colibri", soles("5"))])
+        .await
+        .unwrap();
+    let b = s.balance(t).await.unwrap();
+    assert_eq!((b.balance, b.leased), (soles("3.5"), Pen::ZERO));
+
+    // Another replica leases the rest, gives part back, then all of it.
+    assert_eq!(
+        s.acquire_lease("r2", t, soles("100")).await.unwrap(),
+        soles("3.5")
+    );
+    s.release_lease("r2", t, soles("1")).await.unwrap();
+    assert_eq!(s.balance(t).await.unwrap().leased, soles("2.5"));
+    s.release_lease("r2", t, soles("100")).await.unwrap();
+    assert_eq!(s.balance(t).await.unwrap().leased, Pen::ZERO);
+    // Releasing what one does not hold is harmless.
+    s.release_lease("r9", t, soles("1")).await.unwrap();
+
+    // A replica without a lease still records: the balance drops, no lease moves.
+    assert_eq!(
+        s.acquire_lease("r1", t, soles("1")).await.unwrap(),
+        soles("1")
+    );
+    s.record("r3", &[row("c", t, now, "colibri", soles("0.5"))])
+        .await
+        .unwrap();
+    let b = s.balance(t).await.unwrap();
+    assert_eq!((b.balance, b.leased), (soles("3"), soles("1")));
+    // Replaying the charge moves nothing.
+    s.record("r1", &[row("c", t, now, "colibri", soles("0.5"))])
+        .await
+        .unwrap();
+    assert_eq!(s.balance(t).await.unwrap(), b);
+}
+
+async fn stale_leases_are_reclaimed(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = tenant_with(&*s, "acme", "10").await;
+    let u = tenant_with(&*s, "beta", "10").await;
+    s.acquire_lease("dead", t, soles("1")).await.unwrap();
+    s.acquire_lease("alive", t, soles("2")).await.unwrap();
+    s.acquire_lease("alive", u, soles("3")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    s.heartbeat("alive").await.unwrap();
+    assert_eq!(s.reclaim_stale_leases(350).await.unwrap(), 1);
+    assert_eq!(s.balance(t).await.unwrap().leased, soles("2"));
+    assert_eq!(s.balance(u).await.unwrap().leased, soles("3"));
+    assert_eq!(s.reclaim_stale_leases(60_000).await.unwrap(), 0);
+    // The reclaimed money can be leased again.
+    assert_eq!(
+        s.acquire_lease("new", t, soles("100")).await.unwrap(),
+        soles("8")
+    );
+
+    s.drop_leases("alive").await.unwrap();
+    assert_eq!(s.balance(t).await.unwrap().leased, soles("8"));
+    assert_eq!(s.balance(u).await.unwrap().leased, Pen::ZERO);
+    // Acquiring refreshes the heartbeat, whether it grants something or nothing.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        s.acquire_lease("new", t, soles("2")).await.unwrap(),
+        soles("2")
+    );
+    assert_eq!(s.reclaim_stale_leases(350).await.unwrap(), 0);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        s.acquire_lease("new", t, soles("1")).await.unwrap(),
+        Pen::ZERO
+    );
+    assert_eq!(s.reclaim_stale_leases(350).await.unwrap(), 0);
+    assert_eq!(s.balance(t).await.unwrap().leased, soles("10"));
+}
+
+async fn statement_totals_equal_the_ledger(fx: &Fixture) {
+    let s = fx.open().await;
+    let a = tenant_with(&*s, "acme", "5000").await;
+    let b = tenant_with(&*s, "beta", "5000").await;
+    let base = 1_700_000_000_000i64;
+    let models = ["aguila", "apu", "colibri"];
+    let mut seed = 42u64;
+    let mut rows = Vec::new();
+    for i in 0..400i64 {
+        let tenant = if i % 7 == 0 { b } else { a };
+        let mut r = row(
+            &format!("req-{i:04}"),
+            tenant,
+            base + i * 1_000,
+            models[(lcg(&mut seed) % 3) as usize],
+            // Up to ~S/ 2 each, with every pico significant.
+            Pen::from_picos(i128::from(lcg(&mut seed) % 2_000_000_000_000)),
+        );
+        r.input_tokens = lcg(&mut seed) % 200_000;
+        r.cached_tokens = r.input_tokens / 3;
+        r.output_tokens = lcg(&mut seed) % 32_000;
+        rows.push(r);
+    }
+    for chunk in rows.chunks(64) {
+        s.record("r1", chunk).await.unwrap();
+    }
+
+    let check = |from: Option<i64>, to: Option<i64>| {
+        let mut per_model: BTreeMap<&str, (u64, u64, u64, u64, Pen)> = BTreeMap::new();
+        for r in rows.iter().filter(|r| {
+            r.tenant_id == a && from.is_none_or(|f| r.at >= f) && to.is_none_or(|t| r.at < t)
+        }) {
+            let e = per_model.entry(r.model.as_str()).or_default();
+            e.0 += 1;
+            e.1 += r.input_tokens;
+            e.2 += r.cached_tokens;
+            e.3 += r.output_tokens;
+            e.4 += r.charge;
+        }
+        per_model
+    };
+    for (from, to) in [
+        (None, None),
+        // Bounds fall exactly on rows: `from` is included, `to` excluded.
+        (Some(base + 100_000), Some(base + 200_000)),
+        (Some(base + 350_000), None),
+        (None, Some(base + 1)),
+    ] {
+        let st = s.statement(a, from, to).await.unwrap();
+        let expected = check(from, to);
+        let got: BTreeMap<&str, (u64, u64, u64, u64, Pen)> = st
+            .per_model
+            .iter()
+            .map(|m| {
+                (
+                    m.model.as_str(),
+                    (
+                        m.requests,
+                        m.input_tokens,
+                        m.cached_tokens,
+                        m.output_tokens,
+                        m.charge,
+                    ),
+                )
+            })
+            .collect();
+        assert_eq!(got, expected, "period {from:?}..{to:?}");
+        let total: Pen = expected.values().map(|e| e.4).sum();
+        assert_eq!(st.total_charges, total, "period {from:?}..{to:?}");
+        assert_eq!((st.from, st.to), (from, to));
+        assert_eq!(st.tenant.id, a);
+    }
+    let st = s.statement(a, None, None).await.unwrap();
+    let from_ledger: Pen = s
+        .ledger_rows(Some(a))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.charge)
+        .sum();
+    assert_eq!(st.total_charges, from_ledger);
+    assert_eq!(st.total_top_ups, soles("5000"));
+    assert_eq!(st.balance, soles("5000") - from_ledger);
+    assert_eq!(s.balance(a).await.unwrap().balance, st.balance);
+    // The top-up happened now, long after these rows: not in an old window.
+    let old = s
+        .statement(a, Some(base + 1_000), Some(base + 2_000))
+        .await
+        .unwrap();
+    assert!(old.top_ups.is_empty());
+    assert_eq!(old.total_top_ups, Pen::ZERO);
+    assert_eq!(old.per_model.len(), 1);
+}
+
+async fn balance_beyond_i64_round_trips(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = s.create_tenant("whale").await.unwrap().id;
+    let max_entry = Pen::from_picos(i128::from(i64::MAX));
+    // One entry may not exceed i64 pico-soles; the store refuses rather than truncates.
+    assert!(s
+        .top_up(t, max_entry + Pen::from_picos(1), "")
+        .await
+        .is_err());
+    s.top_up(t, max_entry, "").await.unwrap();
+    s.top_up(t, max_entry, "").await.unwrap();
+    s.top_up(t, Pen::from_picos(7), "").await.unwrap();
+    // 18,446,744.073709551621 soles: beyond i64 pico-soles, and above 10^7 soles.
+    let expected = Pen::from_picos(2 * i128::from(i64::MAX) + 7);
+    assert_eq!(expected.to_decimal(), "18446744.073709551621");
+    assert_eq!(s.balance(t).await.unwrap().balance, expected);
+    assert_eq!(s.list_tenants().await.unwrap()[0].balance, expected);
+    let st = s.statement(t, None, None).await.unwrap();
+    assert_eq!(st.total_top_ups, expected);
+    assert_eq!(st.balance, expected);
+
+    // Leases beyond i64 too.
+    let big = soles("15000000.000000000003");
+    assert_eq!(s.acquire_lease("r1", t, big).await.unwrap(), big);
+    assert_eq!(s.balance(t).await.unwrap().leased, big);
+    assert_eq!(
+        s.acquire_lease("r2", t, expected).await.unwrap(),
+        expected - big
+    );
+    s.record(
+        "r1",
+        &[row(
+            "big",
+            t,
+            store::now_ms(),
+            "apu",
+            soles("0.000000000001"),
+        )],
+    )
+    .await
+    .unwrap();
+    let b = s.balance(t).await.unwrap();
+    assert_eq!(b.balance, expected - Pen::from_picos(1));
+    assert_eq!(b.leased, expected - Pen::from_picos(1));
+    assert_eq!(b.balance.to_decimal(), "18446744.07370955162");
+
+    // And the value survives a reopen (it was stored, not cached).
+    let again = fx.open().await;
+    assert_eq!(again.balance(t).await.unwrap(), b);
+}
+
+async fn sums_of_large_entries_do_not_overflow(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = s.create_tenant("whale").await.unwrap().id;
+    let max_entry = Pen::from_picos(i128::from(i64::MAX));
+    for _ in 0..40 {
+        s.top_up(t, max_entry, "").await.unwrap();
+    }
+    let n = 40i128;
+    let mut rows = Vec::new();
+    for i in 0..n {
+        let mut r = row(&format!("huge-{i}"), t, 1_000 + i as i64, "apu", max_entry);
+        // 40 × 2^58 tokens overflow i64 (but not u64).
+        r.input_tokens = 1 << 58;
+        r.cached_tokens = 1 << 57;
+        r.output_tokens = (1 << 58) - 1;
+        rows.push(r);
+    }
+    assert_eq!(s.record("r1", &rows).await.unwrap(), 40);
+    let st = s.statement(t, None, None).await.unwrap();
+    let total = Pen::from_picos(n * i128::from(i64::MAX));
+    assert_eq!(st.total_top_ups, total);
+    assert_eq!(st.total_charges, total);
+    assert_eq!(st.per_model.len(), 1);
+    let m = &st.per_model[0];
+    assert_eq!(m.requests, 40);
+    assert_eq!(m.charge, total);
+    assert_eq!(m.input_tokens, 40 << 58);
+    assert_eq!(m.cached_tokens, 40 << 57);
+    assert_eq!(m.output_tokens, 40 * ((1u64 << 58) - 1));
+    assert_eq!(st.balance, Pen::ZERO);
+    assert_eq!(s.balance(t).await.unwrap().balance, Pen::ZERO);
+
+    // Charges beyond the balance take it below zero, exactly.
+    s.record("r1", &[row("one-more", t, 5_000, "apu", max_entry)])
+        .await
+        .unwrap();
+    assert_eq!(s.balance(t).await.unwrap().balance, -max_entry);
+    assert_eq!(
+        s.acquire_lease("r1", t, soles("1")).await.unwrap(),
+        Pen::ZERO
+    );
+}
