@@ -11,10 +11,10 @@
 //! not on any stored secret; the digests are then compared in constant time.
 
 use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::keys::{constant_time_eq, hash_secret};
 use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
 use arc_swap::ArcSwap;
 use http::HeaderMap;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -48,19 +48,6 @@ impl Default for KeySnapshot {
             }),
         }
     }
-}
-
-/// SHA-256 of a secret.
-pub fn hash_secret(secret: &str) -> [u8; 32] {
-    Sha256::digest(secret.as_bytes()).into()
-}
-
-/// Compares two byte strings in time that depends only on their lengths.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl KeySnapshot {
@@ -284,12 +271,5 @@ mod tests {
         assert!(s.lookup("sk-qp-good").is_some());
         s.install(2, vec![]);
         assert!(s.lookup("sk-qp-good").is_none());
-    }
-
-    #[test]
-    fn constant_time_comparison() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
     }
 }

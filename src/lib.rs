@@ -10,13 +10,16 @@
 
 pub use quipu_core::{config, error, money, protocol, sse, translate, usage};
 
+pub mod admin;
 pub mod auth;
 pub mod billing;
 pub mod catalog;
 pub mod keys;
+pub mod logger;
 pub mod metrics;
 pub mod ops;
 pub mod proxy;
 pub mod ratelimit;
+pub mod server;
 pub mod store;
 pub mod upstream;

@@ -1,1 +1,259 @@
-fn main() {}
+//! `quipu`: the gateway (`quipu serve`) and its operator commands. Wiring only: the work is in
+//! the library (`quipu::server`, `quipu::ops`).
+
+use clap::{Args, Parser, Subcommand};
+use quipu::config::{Config, EMBEDDED_DEFAULT};
+use quipu::ops;
+use quipu::store::KeyLimits;
+use quipu::store::Store;
+use std::future::Future;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "quipu",
+    version,
+    about = "An LLM API gateway on Pingora that bills tenants in soles"
+)]
+struct Cli {
+    /// Configuration file. Default: $QUIPU_CONFIG, else the embedded default (conf/quipu.toml).
+    #[arg(long, short = 'c', global = true, env = "QUIPU_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Manage API keys.
+    #[command(subcommand)]
+    Key(KeyCmd),
+    /// Add money to a tenant's balance.
+    Topup {
+        #[arg(long)]
+        tenant: String,
+        /// Soles, e.g. 50.00
+        #[arg(long)]
+        amount: String,
+        #[arg(long, default_value = "")]
+        note: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A tenant's statement: tokens and soles per model, top-ups, balance.
+    Statement {
+        #[arg(long)]
+        tenant: String,
+        /// Start date, YYYY-MM-DD or RFC 3339 (inclusive).
+        #[arg(long)]
+        from: Option<String>,
+        /// End date, YYYY-MM-DD or RFC 3339 (exclusive).
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Validate the configuration and exit.
+    #[arg(long)]
+    check: bool,
+    /// Take over the listening sockets of a running quipu (graceful upgrade; then send it
+    /// SIGQUIT).
+    #[arg(long, short = 'u')]
+    upgrade: bool,
+    /// Run in the background.
+    #[arg(long, short = 'd')]
+    daemon: bool,
+}
+
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Create a tenant.
+    Create {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tenants with their balances.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Create a key for a tenant; its secret is printed once.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Requests per minute for this key (default: the configured limit).
+        #[arg(long)]
+        rpm: Option<u64>,
+        /// Tokens per minute for this key (default: the configured limit).
+        #[arg(long)]
+        tpm: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key by its id (key_…); effective within about a second.
+    Revoke {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List keys (never their secrets).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn load_config(path: Option<&PathBuf>) -> Result<Config, String> {
+    match path {
+        Some(p) => Config::load(p).map_err(|e| e.to_string()),
+        None => Config::parse(EMBEDDED_DEFAULT, "embedded default").map_err(|e| e.to_string()),
+    }
+}
+
+/// Prints a result for an operator: JSON or the text rendering.
+fn emit(out: Result<ops::Output, ops::OpsError>) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match out {
+        Ok(o) => {
+            let _ = write!(stdout, "{}", o.text);
+            if !o.text.ends_with('\n') {
+                let _ = writeln!(stdout);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs an operator operation on the configured store and prints its result.
+fn run_op<F, Fut, T>(config: &Config, json: bool, op: F) -> ExitCode
+where
+    F: FnOnce(Arc<dyn Store>) -> Fut,
+    Fut: Future<Output = Result<T, ops::OpsError>>,
+    T: ops::Render,
+{
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "error: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let url = config.store.url.clone();
+    let result = rt.block_on(async move {
+        let store = quipu::store::open(&url)
+            .await
+            .map_err(|e| ops::OpsError::Store(e.to_string()))?;
+        op(store).await.map(|r| ops::Output::of(&r))
+    });
+    emit(result.map(|o| if json { o.into_json() } else { o }))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    quipu::logger::init();
+    let config = match load_config(cli.config.as_ref()) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => {
+            if args.check {
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "configuration OK: {} models, store {}",
+                    config.models.len(),
+                    quipu::config::redact_url(&config.store.url)
+                );
+                return ExitCode::SUCCESS;
+            }
+            let flags = quipu::server::ServeFlags {
+                upgrade: args.upgrade,
+                daemon: args.daemon,
+            };
+            match quipu::server::serve(config, flags) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr(), "error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Tenant(TenantCmd::Create { name, json }) => {
+            run_op(&config, json, move |s| async move {
+                ops::create_tenant(s.as_ref(), &name).await
+            })
+        }
+        Command::Tenant(TenantCmd::List { json }) => run_op(&config, json, move |s| async move {
+            ops::list_tenants(s.as_ref()).await
+        }),
+        Command::Key(KeyCmd::Create {
+            tenant,
+            label,
+            rpm,
+            tpm,
+            json,
+        }) => run_op(&config, json, move |s| async move {
+            let limits = KeyLimits {
+                requests_per_minute: rpm,
+                tokens_per_minute: tpm,
+            };
+            ops::create_key(s.as_ref(), &tenant, &label, limits).await
+        }),
+        Command::Key(KeyCmd::Revoke { id, json }) => run_op(&config, json, move |s| async move {
+            ops::revoke_key(s.as_ref(), &id).await
+        }),
+        Command::Key(KeyCmd::List { tenant, json }) => run_op(&config, json, move |s| async move {
+            ops::list_keys(s.as_ref(), tenant.as_deref()).await
+        }),
+        Command::Topup {
+            tenant,
+            amount,
+            note,
+            json,
+        } => {
+            let min = config.billing.min_top_up;
+            run_op(&config, json, move |s| async move {
+                ops::top_up(s.as_ref(), &tenant, &amount, &note, min).await
+            })
+        }
+        Command::Statement {
+            tenant,
+            from,
+            to,
+            json,
+        } => run_op(&config, json, move |s| async move {
+            ops::statement(s.as_ref(), &tenant, from.as_deref(), to.as_deref()).await
+        }),
+    }
+}

@@ -91,6 +91,29 @@ pub trait Render: Serialize {
     fn text(&self) -> String;
 }
 
+/// A rendered result, as the CLI prints it (text, or JSON with `--json`) and the admin API
+/// answers it (JSON).
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub text: String,
+    pub json: serde_json::Value,
+}
+
+impl Output {
+    pub fn of<T: Render>(result: &T) -> Output {
+        Output {
+            text: result.text(),
+            json: serde_json::to_value(result).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// The JSON rendering as the text to print.
+    pub fn into_json(self) -> Output {
+        let text = serde_json::to_string_pretty(&self.json).unwrap_or_default();
+        Output { text, ..self }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tenants
 
@@ -483,11 +506,12 @@ pub async fn top_up(
     store: &dyn Store,
     tenant_name: &str,
     amount_text: &str,
+    note: &str,
     min_top_up: Pen,
 ) -> OpsResult<TopUpDone> {
     let amount = parse_top_up(amount_text, min_top_up)?;
     let tenant = tenant_id(store, tenant_name).await?;
-    let t = store.top_up(tenant, amount, "").await?;
+    let t = store.top_up(tenant, amount, note).await?;
     let balance = store.balance(tenant).await?;
     Ok(TopUpDone {
         top_up_id: t.id,
@@ -995,9 +1019,9 @@ mod tests {
             404
         );
 
-        let e = top_up(&*s, "acme", "5.00", min()).await.unwrap_err();
+        let e = top_up(&*s, "acme", "5.00", "", min()).await.unwrap_err();
         assert!(e.message().contains("S/ 10.00"), "{e}");
-        let done = top_up(&*s, "acme", "1234.56", min()).await.unwrap();
+        let done = top_up(&*s, "acme", "1234.56", "", min()).await.unwrap();
         assert_eq!(done.amount, "1234.56");
         assert_eq!(done.balance, "1234.56");
         assert!(done.text().contains("S/ 1,234.56"), "{}", done.text());
@@ -1012,7 +1036,7 @@ mod tests {
     async fn statement_rendering() {
         let s = mem().await;
         let t = create_tenant(&*s, "acme").await.unwrap();
-        top_up(&*s, "acme", "50.00", min()).await.unwrap();
+        top_up(&*s, "acme", "50.00", "", min()).await.unwrap();
         let now = store::now_ms();
         let row = |id: &str, model: &str, picos: i128, input: u64| LedgerRow {
             request_id: id.into(),

@@ -108,7 +108,13 @@ async fn drain_then_error(
     let declared = content_length(session);
     let cap = gw.config.server.max_body_bytes.saturating_mul(DRAIN_FACTOR);
     let skip_drain = declared.is_some_and(|n| n > cap) || expects_continue(session);
-    if skip_drain || session.as_downstream_mut().drain_request_body().await.is_err() {
+    if skip_drain
+        || session
+            .as_downstream_mut()
+            .drain_request_body()
+            .await
+            .is_err()
+    {
         session.as_downstream_mut().set_keepalive(None);
     }
     fail(session, ctx, err).await

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what building and testing Quipu needs on a fresh Debian 12 machine, and nothing when
+# it is already there. Sourced by scripts/test.sh and scripts/run.sh; safe to run on its own.
+#
+#   build:  cmake (pingora builds zlib-ng with it), a C compiler
+#   tests:  PostgreSQL server binaries, Prometheus + promtool, Python 3 venv with the pinned
+#           official SDKs (tests/python/requirements.txt), Node.js/npm for Claude Code
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+need_apt=()
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+  command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+  command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+fi
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "deps: installing ${need_apt[*]} (apt)" >&2
+  if [ "$(id -u)" != 0 ]; then sudo=sudo; else sudo=; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >/dev/null || true
+  if ! $sudo apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null; then
+    echo "deps: could not install ${need_apt[*]}; install them with apt-get and retry" >&2
+    exit 1
+  fi
+  # Debian starts the packaged services; the tests run their own instances.
+  if printf '%s\n' "${need_apt[@]}" | grep -qx prometheus; then
+    $sudo systemctl stop prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+    $sudo pkill -x prometheus >/dev/null 2>&1 || true
+  fi
+fi
+
+if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
+  venv="$here/.venv"
+  req="$here/tests/python/requirements.txt"
+  stamp="$venv/.requirements.sha"
+  want="$(sha256sum "$req" | cut -d' ' -f1)"
+  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "deps: creating the Python test environment (.venv)" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip >/dev/null
+    "$venv/bin/pip" install -q -r "$req"
+    echo "$want" > "$stamp"
+  fi
+fi

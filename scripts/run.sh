@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds Quipu and runs it on its embedded defaults (or on QUIPU_CONFIG / --config):
+#
+#   ./scripts/run.sh                 # quipu serve
+#   ./scripts/run.sh --config my.toml
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUIPU_DEPS_BUILD_ONLY=1 source scripts/deps.sh
+cargo build --release -p quipu
+exec ./target/release/quipu "$@" serve

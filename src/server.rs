@@ -1,0 +1,323 @@
+//! `quipu serve`: builds the pingora server and its services from a validated config.
+//!
+//! Services (each on its own runtime, as pingora does it): the API proxy, the metrics listener,
+//! the admin listener (when an admin token is set), and one health-check service per model.
+//! Money and keys live on a separate runtime thread that pingora does not own, so the ledger
+//! can still be flushed after pingora has stopped its services.
+//!
+//! Shutdown: on SIGTERM (and at the end of a graceful upgrade, SIGQUIT) pingora stops
+//! accepting; Quipu waits for its in-flight API requests to finish (at most the configured grace
+//! period), writes every queued ledger row, returns its balance leases and exits — without
+//! sleeping out the rest of the grace period.
+
+use crate::auth::KeySnapshot;
+use crate::billing::{ledger, Accounts};
+use crate::catalog::Catalog;
+use crate::config::{redact_url, Config};
+use crate::metrics::m;
+use crate::proxy::Gateway;
+use crate::ratelimit::RateLimiter;
+use crate::store::Store;
+use crate::upstream::ModelPool;
+use pingora::apps::http_app::{HttpServer, ServeHttp};
+use pingora::connectors::http::v1::Connector;
+use pingora::connectors::ConnectorOptions;
+use pingora::protocols::http::ServerSession;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::{ExecutionPhase, RunArgs, Server};
+use pingora::services::background::GenBackgroundService;
+use pingora::services::listening::Service;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Flags of `quipu serve` that pingora handles.
+#[derive(Debug, Clone, Default)]
+pub struct ServeFlags {
+    /// Take the listening sockets over from a running Quipu (graceful upgrade).
+    pub upgrade: bool,
+    pub daemon: bool,
+}
+
+/// How long a lease may go without a heartbeat before another replica reclaims it.
+const LEASE_STALE_MS: i64 = 30_000;
+const LEASE_HEARTBEAT: Duration = Duration::from_secs(5);
+const LEASE_IDLE_RETURN: Duration = Duration::from_secs(3);
+
+fn replica_id(config: &Config) -> String {
+    config.server.replica_id.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "quipu".into());
+        format!("{host}:{}", std::process::id())
+    })
+}
+
+struct MetricsApp;
+
+#[async_trait::async_trait]
+impl ServeHttp for MetricsApp {
+    async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
+        let path = session.req_header().uri.path();
+        let (status, ctype, body) = if path == "/metrics" || path == "/" {
+            (
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                m().render(),
+            )
+        } else {
+            (
+                404,
+                "text/plain",
+                b"not found; metrics are at /metrics\n".to_vec(),
+            )
+        };
+        http::Response::builder()
+            .status(status)
+            .header("content-type", ctype)
+            .header("content-length", body.len())
+            .body(body)
+            .unwrap_or_default()
+    }
+}
+
+/// Runs the gateway until it is told to stop. Returns an error only for startup failures.
+pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
+    let config = Arc::new(config);
+    let replica = replica_id(&config);
+    let billing_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("quipu-billing")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the billing runtime: {e}"))?;
+    let store: Arc<dyn Store> = billing_rt
+        .block_on(crate::store::open(&config.store.url))
+        .map_err(|e| {
+            format!(
+                "cannot open the store {}: {e}",
+                redact_url(&config.store.url)
+            )
+        })?;
+    let keys = Arc::new(KeySnapshot::default());
+    billing_rt
+        .block_on(keys.refresh(store.as_ref()))
+        .map_err(|e| format!("cannot load API keys: {e}"))?;
+    billing_rt
+        .block_on(store.drop_leases(&replica))
+        .map_err(|e| format!("cannot reset this replica's leases: {e}"))?;
+    let accounts = Accounts::new(store.clone(), replica.clone(), config.billing.lease_chunk);
+    let (ledger_handle, writer) = ledger::channel(
+        store.clone(),
+        accounts.clone(),
+        config.store.ledger_flush,
+        config.store.ledger_batch_rows,
+    );
+    let (writer_stop_tx, writer_stop_rx) = tokio::sync::watch::channel(false);
+    let writer_task = billing_rt.spawn(writer.run(writer_stop_rx));
+    spawn_background(
+        &billing_rt,
+        &config,
+        store.clone(),
+        keys.clone(),
+        accounts.clone(),
+        &replica,
+    );
+    m().build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), store.kind()])
+        .set(1);
+
+    let mut conf = ServerConf {
+        threads: config.server.threads,
+        grace_period_seconds: Some(config.server.grace_period_seconds),
+        graceful_shutdown_timeout_seconds: Some(config.server.graceful_shutdown_timeout_seconds),
+        pid_file: config.server.pid_file.clone(),
+        upgrade_sock: config.server.upgrade_sock.clone(),
+        daemon: flags.daemon,
+        upstream_keepalive_pool_size: 1024,
+        ..ServerConf::default()
+    };
+    conf.work_stealing = true;
+    let opt = Opt {
+        upgrade: flags.upgrade,
+        daemon: flags.daemon,
+        ..Opt::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let mut pools = Vec::with_capacity(config.models.len());
+    for model in &config.models {
+        let pool = ModelPool::new(model)
+            .map_err(|e| format!("model `{}`: cannot build its replica pool: {e}", model.slug))?;
+        let mut hc = GenBackgroundService::new(
+            format!("health checks of {}", model.slug),
+            pool.load_balancer(),
+        );
+        hc.threads = Some(1);
+        server.add_service(hc);
+        pools.push(pool);
+    }
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let catalog = Catalog::new(&config).map_err(|e| format!("cannot render the catalog: {e}"))?;
+    let mut connector_opts = ConnectorOptions::from_server_conf(&server.configuration);
+    connector_opts.keepalive_pool_size = 1024;
+    let gateway = Gateway {
+        config: config.clone(),
+        catalog,
+        keys: keys.clone(),
+        pools,
+        connector: Connector::new(Some(connector_opts)),
+        accounts: accounts.clone(),
+        ledger: ledger_handle,
+        limits: RateLimiter::new(config.limits),
+        in_flight: in_flight.clone(),
+    };
+    let mut proxy =
+        pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "quipu api");
+    proxy.add_tcp(&config.server.listen.to_string());
+    server.add_service(proxy);
+
+    let mut metrics = Service::new("quipu metrics".into(), HttpServer::new_app(MetricsApp));
+    metrics.add_tcp(&config.server.metrics_listen.to_string());
+    metrics.threads = Some(1);
+    server.add_service(metrics);
+
+    if let Some(token) = &config.server.admin_token {
+        let admin = crate::admin::AdminApp::new(store.clone(), config.clone(), token.clone());
+        let mut svc = Service::new("quipu admin".into(), HttpServer::new_app(admin));
+        svc.add_tcp(&config.server.admin_listen.to_string());
+        svc.threads = Some(1);
+        server.add_service(svc);
+    }
+
+    log::info!(
+        "quipu {} listening on {} (metrics {}, admin {}), store {}, replica {replica}",
+        env!("CARGO_PKG_VERSION"),
+        config.server.listen,
+        config.server.metrics_listen,
+        if config.server.admin_token.is_some() {
+            config.server.admin_listen.to_string()
+        } else {
+            "off".into()
+        },
+        redact_url(&config.store.url),
+    );
+
+    // Exit as soon as a graceful shutdown has drained, instead of sleeping out the grace period.
+    let mut phases = server.watch_execution_phase();
+    let finish = Arc::new(Finisher {
+        rt: billing_rt,
+        store,
+        accounts,
+        replica,
+        writer_stop: writer_stop_tx,
+        writer_task: parking_lot::Mutex::new(Some(writer_task)),
+    });
+    let drain_finish = finish.clone();
+    let grace = Duration::from_secs(config.server.grace_period_seconds);
+    std::thread::Builder::new()
+        .name("quipu-drain".into())
+        .spawn(move || loop {
+            match phases.blocking_recv() {
+                Ok(ExecutionPhase::ShutdownGracePeriod) => {
+                    let started = Instant::now();
+                    while in_flight.load(Ordering::SeqCst) > 0 && started.elapsed() < grace {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    log::info!("drained in {:?}; flushing the ledger", started.elapsed());
+                    drain_finish.finish();
+                    std::process::exit(0);
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            }
+        })
+        .map_err(|e| format!("cannot start the drain watcher: {e}"))?;
+
+    server.run(RunArgs::default());
+    finish.finish();
+    Ok(())
+}
+
+/// Writes what is left of the ledger and returns this replica's leases. Idempotent.
+struct Finisher {
+    rt: tokio::runtime::Runtime,
+    store: Arc<dyn Store>,
+    accounts: Arc<Accounts>,
+    replica: String,
+    writer_stop: tokio::sync::watch::Sender<bool>,
+    writer_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Finisher {
+    fn finish(&self) {
+        let Some(task) = self.writer_task.lock().take() else {
+            return;
+        };
+        let _ = self.writer_stop.send(true);
+        let totals = self.accounts.totals();
+        self.rt.block_on(async {
+            if let Err(e) = task.await {
+                log::error!("the ledger writer failed: {e}");
+            }
+            if totals.open == 0 {
+                if let Err(e) = self.store.drop_leases(&self.replica).await {
+                    log::warn!("could not return this replica's leases: {e}");
+                }
+            }
+        });
+        log::info!(
+            "ledger flushed; {} reservations were still open",
+            totals.open
+        );
+    }
+}
+
+fn spawn_background(
+    rt: &tokio::runtime::Runtime,
+    config: &Arc<Config>,
+    store: Arc<dyn Store>,
+    keys: Arc<KeySnapshot>,
+    accounts: Arc<Accounts>,
+    replica: &str,
+) {
+    let refresh = config.store.key_refresh;
+    let key_store = store.clone();
+    rt.spawn(async move {
+        let mut tick = tokio::time::interval(refresh);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match keys.refresh(key_store.as_ref()).await {
+                Ok(true) => log::info!("API keys reloaded: {} active", keys.len()),
+                Ok(false) => {}
+                Err(e) => log::warn!("API key refresh failed (serving the last snapshot): {e}"),
+            }
+            m().keys_active.set(keys.len() as i64);
+        }
+    });
+    let replica = replica.to_owned();
+    rt.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut n: u64 = 0;
+        loop {
+            tick.tick().await;
+            n += 1;
+            let totals = accounts.totals();
+            m().reserved_pen.set(totals.reserved.picos() as f64 / 1e12);
+            accounts.return_idle_leases(LEASE_IDLE_RETURN).await;
+            if n % LEASE_HEARTBEAT.as_secs() == 0 {
+                if let Err(e) = store.heartbeat(&replica).await {
+                    log::warn!("lease heartbeat failed: {e}");
+                }
+                if let Err(e) = store.reclaim_stale_leases(LEASE_STALE_MS).await {
+                    log::warn!("reclaiming stale leases failed: {e}");
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,62 @@
+"""Shared fixtures: one simulator and one gateway for most tests, tenants on demand.
+
+Tests that need their own topology (several replicas, PostgreSQL, restarts) build it with the
+classes in `harness.py`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from harness import Gateway, Sim, require_binaries, scratch_dir  # noqa: E402
+
+_names = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def workdir():
+    require_binaries()
+    d = scratch_dir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sim(workdir):
+    s = Sim(workdir, "--reasoning-field", "reasoning").start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def gw(workdir, sim):
+    g = Gateway(workdir, {slug: [sim.api_base] for slug in ("colibri", "aguila", "apu")})
+    g.start()
+    yield g
+    code = g.stop()
+    assert code == 0, f"quipu did not exit cleanly ({code}):\n{g.process.tail()}"
+
+
+@pytest.fixture
+def tenant(gw):
+    """A fresh tenant with S/ 1,000.00 and a key: (name, secret)."""
+    name = f"t{next(_names)}"
+    _, secret = gw.new_tenant(name)
+    return name, secret
+
+
+def pytest_runtest_makereport(item, call):
+    # On failure, show the tail of every process log of the session's workdir.
+    if call.when == "call" and call.excinfo is not None:
+        wd = item.funcargs.get("workdir")
+        if wd:
+            for log in sorted(pathlib.Path(wd).glob("*.log")):
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+                item.add_report_section("call", f"log {log.name}", tail)
