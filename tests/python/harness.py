@@ -89,7 +89,7 @@ class Process:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def signal(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         if self.alive():
             self.proc.send_signal(sig)
 
