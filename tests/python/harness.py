@@ -211,6 +211,8 @@ class Gateway:
         self.name = name
         self.store_url = store_url or f"sqlite://{workdir / (name + '.db')}"
         models = "".join(model_block(slug, ups, model_extra) for slug, ups in upstreams.items())
+        tiers = {"apu": "claude-opus-*", "aguila": "claude-sonnet-*", "colibri": "claude-haiku-*"}
+        aliases = "\n".join(f'"{tiers[s]}" = "{s}"' for s in upstreams if s in tiers)
         self.config_text = f"""
 [server]
 listen = "127.0.0.1:{self.port}"
@@ -236,9 +238,7 @@ lease_chunk = "5.00"
 ping_interval_ms = 1000
 
 [aliases]
-"claude-opus-*" = "apu"
-"claude-sonnet-*" = "aguila"
-"claude-haiku-*" = "colibri"
+{aliases}
 
 [[plans]]
 id = "gratis"
@@ -313,6 +313,16 @@ web_search = true
         if r.returncode != 0:
             return {"error": r.stderr.strip(), "code": r.returncode}
         return json.loads(r.stdout)
+
+    def cli_text(self, *args: str) -> str:
+        """Runs `quipu --config <this config> <args>` and returns what it printed."""
+        r = subprocess.run(
+            [str(QUIPU), "--config", str(self.config_path), *args],
+            capture_output=True, text=True, env=self.env(), timeout=60,
+        )
+        if r.returncode != 0:
+            raise RuntimeError(f"quipu {' '.join(args)} failed ({r.returncode}): {r.stderr}")
+        return r.stdout
 
     def new_tenant(self, name: str, top_up: str | None = "1000.00", **key_args) -> tuple[dict, str]:
         """Creates a tenant (topped up) and a key; returns (key info, secret)."""
