@@ -137,7 +137,8 @@ async fn send<'g>(
             }
             Ok(resp) => return Ok(Sent::Response(Box::new(resp), guard)),
             Err(SendError::Timeout) => {
-                guard.failed("timeout");
+                // Not a replica failure: a slow first byte is usually a long queue, and
+                // ejecting would push the load onto the others. Health checks catch hung ones.
                 ctx.outcome = "timeout";
                 let e = ApiError::new(
                     ErrorKind::UpstreamTimeout,
@@ -397,8 +398,10 @@ async fn stream(
         session.as_downstream_mut().set_keepalive(None);
         return Ok(());
     }
-    if translator.end() == StreamEnd::Failed && ctx.outcome == "ok" {
-        ctx.outcome = "upstream_error";
+    if translator.end() == StreamEnd::Failed {
+        if ctx.outcome == "ok" {
+            ctx.outcome = "upstream_error";
+        }
         ctx.error = translator.error().map(|e| e.kind.label());
     }
     resp.finish(&gw.connector).await;

@@ -209,7 +209,7 @@ class Gateway:
         self.metrics_port = free_port()
         self.admin_port = free_port()
         self.name = name
-        self.store_url = store_url or f"sqlite://{workdir / (name + '.db')}"
+        self.store_url = store_url or f"sqlite://{workdir / (name + '-' + str(free_port()) + '.db')}"
         models = "".join(model_block(slug, ups, model_extra) for slug, ups in upstreams.items())
         tiers = {"apu": "claude-opus-*", "aguila": "claude-sonnet-*", "colibri": "claude-haiku-*"}
         aliases = "\n".join(f'"{tiers[s]}" = "{s}"' for s in upstreams if s in tiers)
