@@ -70,11 +70,25 @@ struct Rates {
     output: Box<RawValue>,
 }
 
+/// Model → rates, serialised as an object in the config's model order.
+struct RatesBySlug<'a>(Vec<(&'a str, Rates)>);
+
+impl Serialize for RatesBySlug<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (slug, rates) in &self.0 {
+            map.serialize_entry(slug, rates)?;
+        }
+        map.end()
+    }
+}
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct PricingBody<'a> {
     currency: &'static str,
-    per_million_tokens: serde_json::Map<String, serde_json::Value>,
+    per_million_tokens: RatesBySlug<'a>,
     #[serde(rename = "minTopUpPEN")]
     min_top_up: &'a RawValue,
 }
@@ -139,19 +153,19 @@ impl Catalog {
             by_id.insert(m.id.to_owned(), Bytes::from(serde_json::to_vec(m)?));
         }
 
-        let mut per_million = serde_json::Map::new();
+        let mut per_million = Vec::with_capacity(config.models.len());
         for m in &config.models {
             let rates = Rates {
                 input: number(m.prices.input.per_million().to_json_number())?,
                 cache: number(m.prices.cached.per_million().to_json_number())?,
                 output: number(m.prices.output.per_million().to_json_number())?,
             };
-            per_million.insert(m.slug.clone(), serde_json::to_value(&rates)?);
+            per_million.push((m.slug.as_str(), rates));
         }
         let min_top_up = number(config.billing.min_top_up.to_json_number())?;
         let pricing = PricingBody {
             currency: "PEN",
-            per_million_tokens: per_million,
+            per_million_tokens: RatesBySlug(per_million),
             min_top_up: &min_top_up,
         };
         let plans = PlansBody {
@@ -215,6 +229,11 @@ mod tests {
     fn pricing_numbers_are_exact_decimals() {
         let raw = String::from_utf8(catalog().pricing.to_vec()).unwrap();
         assert!(raw.contains(r#""inputPerMillionPEN":0.2"#), "{raw}");
+        let order: Vec<usize> = ["colibri", "aguila", "apu"]
+            .iter()
+            .map(|s| raw.find(&format!("\"{s}\":{{")).unwrap())
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "config order: {raw}");
         let v: Value = serde_json::from_str(&raw).unwrap();
         assert_eq!(v["currency"], "PEN");
         assert_eq!(v["perMillionTokens"]["apu"]["outputPerMillionPEN"], 12);

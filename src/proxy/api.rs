@@ -28,6 +28,9 @@ pub async fn handle(
     let downstream = session.as_downstream_mut();
     downstream.set_read_timeout(Some(gw.config.server.client_read_timeout));
     downstream.set_write_timeout(Some(gw.config.server.client_write_timeout));
+    // HTTP/1.1 keeps idle connections forever by default; bound them (a client's
+    // `Connection: close` still wins).
+    downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
     match ctx.route {
         Route::Models => respond::json(session, ctx, 200, gw.catalog.models.clone(), None).await,
         Route::Pricing => respond::json(session, ctx, 200, gw.catalog.pricing.clone(), None).await,
@@ -228,6 +231,13 @@ async fn read_body(
 }
 
 async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    if gw.in_flight.load(std::sync::atomic::Ordering::Relaxed) > gw.config.server.max_in_flight {
+        let e = ApiError::new(
+            ErrorKind::Overloaded { retry_after: 1 },
+            "the gateway is at capacity; retry shortly",
+        );
+        return drain_then_error(gw, session, ctx, &e).await;
+    }
     if ctx.format == ClientFormat::Messages {
         if let Err(e) = check_version(session) {
             return drain_then_error(gw, session, ctx, &e).await;

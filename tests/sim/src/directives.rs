@@ -33,6 +33,8 @@ pub struct Directives {
     pub prefill_ms: u64,
     pub ttfb_ms: u64,
     pub split: bool,
+    /// Pad every generated word to this many bytes (big chunks, to fill socket buffers).
+    pub word_bytes: usize,
 }
 
 /// The text of the final message if it is a user message. System messages after it are
@@ -92,6 +94,7 @@ pub fn parse(messages: &[Value]) -> Directives {
                 "prefill_ms" => d.prefill_ms = v.parse().unwrap_or(0),
                 "ttfb_ms" => d.ttfb_ms = v.parse().unwrap_or(0),
                 "split" => d.split = true,
+                "word_bytes" => d.word_bytes = num().unwrap_or(0),
                 _ => {}
             }
         }

@@ -116,7 +116,15 @@ pub fn plan(seed: u64, d: &Directives, max_tokens: usize, named_tool_choice: boo
             .collect(),
         None => {
             let n = d.tokens.unwrap_or(if d.tool.is_some() { 5 } else { 20 });
-            words(&mut rng, n, d.split)
+            let mut w = words(&mut rng, n, d.split);
+            if d.word_bytes > 0 {
+                for word in &mut w {
+                    while word.len() < d.word_bytes {
+                        word.push('x');
+                    }
+                }
+            }
+            w
         }
     };
     for w in content {
