@@ -188,11 +188,10 @@ pub async fn completion(
             .read_all(MAX_ERROR_BODY, ERROR_BODY_TIMEOUT)
             .await
             .unwrap_or_default();
-        if resp.status >= 500 {
-            guard.failed(&format!("status_{}", resp.status));
-        } else {
-            guard.succeeded();
-        }
+        // A 5xx for this request (a bad input that crashed a handler, a context error) says
+        // little about the replica; 503s (handled above), connect failures and resets do, and
+        // a dead engine fails its health check.
+        guard.succeeded();
         let e = map_upstream_error(
             &UpstreamFailure {
                 status: resp.status,

@@ -18,11 +18,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const MAX_RECORDS: usize = 10_000;
+const MAX_RECORDS: usize = 200_000;
 
 /// One request as the simulator saw it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
+    /// Position in the log: assigned when the request ends, so `since=` paging never skips a
+    /// long request that ended after a later one.
     pub seq: u64,
     /// The `x-request-id` header (the gateway's request id).
     pub request_id: Option<String>,
@@ -35,8 +37,9 @@ pub struct Record {
     pub status: u16,
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
-    /// Tokens whose chunks were written before the response ended (all of them, unless the
-    /// client went away or a fault cut the stream).
+    /// Tokens a client could use: those whose chunks were written before the response ended
+    /// (all of them, unless the client went away or a fault cut the stream). After an injected
+    /// `garbage_after` no further token counts: a reader stops at the garbage.
     pub completion_tokens: usize,
     /// Tokens the final usage chunk reported (when one was sent).
     pub reported_completion_tokens: Option<usize>,
@@ -53,7 +56,10 @@ pub struct Sim {
     pub cache: Mutex<PrefixCache>,
     pub records: Mutex<VecDeque<Record>>,
     pub last_body: Mutex<Bytes>,
+    /// Requests received.
     pub seq: AtomicU64,
+    /// Records logged (ends of requests).
+    pub logged: AtomicU64,
     pub in_flight: AtomicU64,
     pub cancelled: AtomicU64,
 }
@@ -116,11 +122,14 @@ fn frame(v: &Value) -> Vec<u8> {
 
 pub struct Ctx {
     record: Option<Record>,
+    /// Counted in `in_flight` until `logging` has stored the record.
+    in_flight: bool,
 }
 
 impl Sim {
-    fn push(&self, r: Record) {
+    fn push(&self, mut r: Record) {
         let mut recs = self.records.lock();
+        r.seq = self.logged.fetch_add(1, Ordering::SeqCst) + 1;
         recs.push_back(r);
         while recs.len() > MAX_RECORDS {
             recs.pop_front();
@@ -307,6 +316,7 @@ impl Sim {
         }
         // vLLM sends a lumped tool-argument string in the finish chunk (vllm#50627).
         let lump_last = d.args_lump && matches!(plan.pieces.last(), Some(Piece::ToolArgs(..)));
+        let mut garbled = false;
         let n = plan.pieces.len() - usize::from(lump_last);
         for (i, piece) in plan.pieces[..n].iter().enumerate() {
             if d.fail_after == Some(i) {
@@ -323,9 +333,12 @@ impl Sim {
                     "simulated reset mid-stream",
                 );
             }
-            if d.garbage_after == Some(i) && !self.write(session, d, b"data: {not json\n\n").await {
-                cancelled(ctx);
-                return Ok(());
+            if d.garbage_after == Some(i) {
+                garbled = true;
+                if !self.write(session, d, b"data: {not json\n\n").await {
+                    cancelled(ctx);
+                    return Ok(());
+                }
             }
             if i > 0 && !pause(session, delay).await {
                 cancelled(ctx);
@@ -339,7 +352,7 @@ impl Sim {
                 cancelled(ctx);
                 return Ok(());
             }
-            if let Some(r) = ctx.record.as_mut() {
+            if let Some(r) = ctx.record.as_mut().filter(|_| !garbled) {
                 r.completion_tokens = i + 1;
             }
         }
@@ -369,7 +382,7 @@ impl Sim {
             cancelled(ctx);
             return Ok(());
         }
-        if let Some(r) = ctx.record.as_mut() {
+        if let Some(r) = ctx.record.as_mut().filter(|_| !garbled) {
             r.completion_tokens = plan.completion_tokens;
         }
         session.write_response_body(None, true).await
@@ -434,12 +447,12 @@ impl Sim {
                     .filter(|r| r.seq > since)
                     .cloned()
                     .collect();
-                let v = json!({"seq": self.seq.load(Ordering::SeqCst), "requests": recs});
+                let v = json!({"seq": self.logged.load(Ordering::SeqCst), "requests": recs});
                 respond_json(session, 200, &v).await
             }
             "/sim/stats" => {
                 let v = json!({
-                    "seq": self.seq.load(Ordering::SeqCst),
+                    "seq": self.logged.load(Ordering::SeqCst),
                     "requests": self.seq.load(Ordering::SeqCst),
                     "in_flight": self.in_flight.load(Ordering::SeqCst),
                     "cancelled": self.cancelled.load(Ordering::SeqCst),
@@ -453,6 +466,7 @@ impl Sim {
             }
             "/sim/reset" => {
                 read_body(session).await?;
+                // Records are cleared but numbering goes on, so `since=` stays valid.
                 self.records.lock().clear();
                 self.cache.lock().clear();
                 respond_json(session, 200, &json!({"ok": true})).await
@@ -479,7 +493,10 @@ impl ProxyHttp for Sim {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx { record: None }
+        Ctx {
+            record: None,
+            in_flight: false,
+        }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
@@ -504,9 +521,8 @@ impl ProxyHttp for Sim {
             ("POST", "/tokenize") => self.tokenize(session).await?,
             ("POST", "/v1/chat/completions") => {
                 self.in_flight.fetch_add(1, Ordering::SeqCst);
-                let r = self.chat(session, ctx).await;
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                r?;
+                ctx.in_flight = true;
+                self.chat(session, ctx).await?;
             }
             (_, p) if p.starts_with("/sim/") => self.control(session, p, &query).await?,
             _ => {
@@ -535,6 +551,9 @@ impl ProxyHttp for Sim {
                 self.cancelled.fetch_add(1, Ordering::SeqCst);
             }
             self.push(r);
+        }
+        if ctx.in_flight {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

@@ -81,6 +81,7 @@ fn main() {
         records: Mutex::new(VecDeque::new()),
         last_body: Mutex::new(bytes::Bytes::new()),
         seq: AtomicU64::new(0),
+        logged: AtomicU64::new(0),
         in_flight: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
     };
