@@ -406,7 +406,7 @@ def operations() -> dict:
     b.add(timeseries("Mean request duration by format", "Mean request duration (sum / count of the histogram) by client format: OpenAI chat or Anthropic messages.",
                      [(f"sum by (format) ({rate(dur + '_sum', GM)}) / sum by (format) ({rate(dur + '_count', GM)})", "{{format}}")],
                      "s"), 8, 8)
-    b.add(timeseries("Time to first token", "Time from request arrival to the first generated chunk (gen_ai_server_time_to_first_token_seconds), p50/p95/p99.",
+    b.add(timeseries("Time to first token", "Time from request arrival to the first generated chunk (gen_ai_server_time_to_first_token_seconds), p50/p95/p99. Non-streamed requests are observed too, when the whole upstream body has arrived, so they raise the upper percentiles (the metric has no stream label).",
                      quantiles("gen_ai_server_time_to_first_token_seconds", GM), "s"), 8, 8)
     b.add(timeseries("Time per output token", "(duration − time to first token) / (output tokens − 1), streams only (gen_ai_server_time_per_output_token_seconds), p50/p95/p99.",
                      quantiles("gen_ai_server_time_per_output_token_seconds", GM), "s"), 8, 8)
@@ -443,7 +443,7 @@ def operations() -> dict:
     b.add(timeseries("Prefix-affinity hit ratio", "hit / (hit + overloaded + miss) of prefix-affinity routing decisions.",
                      [(f'sum({rate("quipu_prefix_affinity_total", j(HIT, M))}) / sum({rate("quipu_prefix_affinity_total", M)})', "hit ratio")],
                      "percentunit"), 8, 8)
-    b.add(timeseries("Upstream failures by kind", "Failed upstream attempts per second by kind: connect, status_503, status_5xx, reset, timeout, … (quipu_upstream_failures_total).",
+    b.add(timeseries("Upstream failures by kind", "Failed upstream attempts per second by kind: connect, reset (before any response), status_503; tokenizer calls also count other 5xx. Other 5xx answers, first-byte timeouts and streams broken midway are not replica failures: see Errors by type (quipu_upstream_failures_total).",
                      [(f"sum by (kind) ({rate('quipu_upstream_failures_total', M)})", "{{kind}}")], "ops", stack=True), 8, 8)
     b.add(timeseries("Upstream failures by replica", "Failed upstream attempts per second by replica; a replica is ejected after max_failures in a row.",
                      [(f"sum by (model, replica) ({rate('quipu_upstream_failures_total', M)})", "{{model}} {{replica}}")], "ops", stack=True), 8, 8)
