@@ -36,6 +36,7 @@ PROMPT = 'type=~"input|cached_input"'
 OUTPUT = 'type="output"'
 HIT = 'outcome="hit"'
 SOLES = "prefix:S/ "
+TENANT_VALUES = 'label_values({__name__=~"quipu_tokens_total|quipu_billing_refused_total|quipu_rate_limited_total"}, tenant)'
 
 
 def j(*selectors: str) -> str:
@@ -302,7 +303,9 @@ def variables() -> list[dict]:
             "skipUrlSync": False,
         },
         query_var("model", "Model", "label_values(quipu_requests_total, model)"),
-        query_var("tenant", "Tenant", "label_values(quipu_tokens_total, tenant)"),
+        # Not only quipu_tokens_total: a tenant refused (402, 429) before it was ever served has
+        # no token series, and it is the one the refusal panels are for.
+        query_var("tenant", "Tenant", TENANT_VALUES),
     ]
 
 

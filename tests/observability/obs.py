@@ -150,15 +150,21 @@ def panel_targets(dashboards: dict[str, dict]) -> list[tuple[str, str, str, str]
     return out
 
 
-def substitute(expr: str, rate_interval: str) -> str:
-    """Grafana's variables as "All" and a concrete rate interval."""
+def substitute(expr: str, rate_interval: str, model: str = ".*", tenant: str = ".*") -> str:
+    """Grafana's variables: `$model`/`$tenant` as All (`.*`, the dashboards' allValue) unless
+    given, e.g. as Grafana formats a multi-value selection for Prometheus: `(a|b|c)`."""
     return (
         expr.replace("$__rate_interval", rate_interval)
-        .replace('"$model"', '".*"')
-        .replace('"$tenant"', '".*"')
-        .replace("${model}", ".*")
-        .replace("${tenant}", ".*")
+        .replace("${model}", model)
+        .replace("${tenant}", tenant)
+        .replace("$model", model)
+        .replace("$tenant", tenant)
     )
+
+
+def multi_value(values: list[str]) -> str:
+    """A multi-value selection as Grafana renders it in a Prometheus query."""
+    return "(" + "|".join(re.escape(v) for v in sorted(values)) + ")"
 
 
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
