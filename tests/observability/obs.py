@@ -386,3 +386,94 @@ def drive_traffic(stack: Stack, nonce: str = "") -> dict[str, int]:
     for model in ("colibri", "aguila", "apu"):
         note(f"final {model}", _chat(gw, acme, "adiós [[sim: tokens=4]]", model=model))
     return seen
+
+
+# ---------------------------------------------------------------------------------------------
+# Compose Specification schema
+
+COMPOSE_SCHEMA = pathlib.Path(__file__).resolve().parent / "compose-spec.json"
+
+_JSON_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+}
+
+
+def schema_errors(instance, schema: dict, root: dict | None = None, path: str = "$") -> list[str]:
+    """Validates `instance` against a JSON Schema (draft-07), for the keywords the Compose
+    Specification schema uses: $ref (local), type, enum, properties, patternProperties,
+    additionalProperties, required, items, oneOf, anyOf, allOf, uniqueItems, minimum, maximum,
+    pattern. Returns one message per violation (empty when valid). Standard library only, so
+    the test needs nothing beyond the pinned requirements."""
+    root = schema if root is None else root
+    if schema is True or schema == {}:
+        return []
+    if schema is False:
+        return [f"{path}: not allowed"]
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if not ref.startswith("#/"):
+            return [f"{path}: unsupported $ref {ref}"]
+        target = root
+        for part in ref[2:].split("/"):
+            target = target[part]
+        return schema_errors(instance, target, root, path)
+    errors: list[str] = []
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        if not any(_JSON_TYPES[t](instance) for t in types):
+            return [f"{path}: {instance!r} is not of type {'/'.join(types)}"]
+    if "enum" in schema and instance not in schema["enum"]:
+        errors.append(f"{path}: {instance!r} is not one of {schema['enum']}")
+    if isinstance(instance, (int, float)) and not isinstance(instance, bool):
+        if "minimum" in schema and instance < schema["minimum"]:
+            errors.append(f"{path}: {instance} < {schema['minimum']}")
+        if "maximum" in schema and instance > schema["maximum"]:
+            errors.append(f"{path}: {instance} > {schema['maximum']}")
+    if isinstance(instance, str) and "pattern" in schema and not re.search(schema["pattern"], instance):
+        errors.append(f"{path}: {instance!r} does not match {schema['pattern']}")
+    if isinstance(instance, dict):
+        props = schema.get("properties", {})
+        patterns = schema.get("patternProperties", {})
+        for key in schema.get("required", []):
+            if key not in instance:
+                errors.append(f"{path}: missing required {key!r}")
+        for key, value in instance.items():
+            matched = False
+            if key in props:
+                matched = True
+                errors += schema_errors(value, props[key], root, f"{path}.{key}")
+            for pattern, sub in patterns.items():
+                if re.search(pattern, key):
+                    matched = True
+                    errors += schema_errors(value, sub, root, f"{path}.{key}")
+            if not matched and "additionalProperties" in schema:
+                extra = schema["additionalProperties"]
+                if extra is False:
+                    errors.append(f"{path}: unknown key {key!r}")
+                elif isinstance(extra, dict):
+                    errors += schema_errors(value, extra, root, f"{path}.{key}")
+    if isinstance(instance, list):
+        if isinstance(schema.get("items"), dict):
+            for i, item in enumerate(instance):
+                errors += schema_errors(item, schema["items"], root, f"{path}[{i}]")
+        if schema.get("uniqueItems"):
+            seen = [json.dumps(i, sort_keys=True) for i in instance]
+            if len(seen) != len(set(seen)):
+                errors.append(f"{path}: items are not unique")
+    for sub in schema.get("allOf", []):
+        errors += schema_errors(instance, sub, root, path)
+    if "anyOf" in schema and not any(not schema_errors(instance, s, root, path) for s in schema["anyOf"]):
+        errors.append(f"{path}: matches none of anyOf")
+    if "oneOf" in schema:
+        results = [schema_errors(instance, s, root, path) for s in schema["oneOf"]]
+        ok = sum(1 for r in results if not r)
+        if ok != 1:
+            detail = "; ".join(min(results, key=len)) if ok == 0 else f"{ok} alternatives match"
+            errors.append(f"{path}: must match exactly one of oneOf ({detail})")
+    return errors
