@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -110,10 +111,11 @@ class Prometheus:
         return self.api("query", **params)
 
     def wait_scrapes_after(self, job: str, t: float, n: int = 3, timeout: float = 30.0) -> None:
-        """Waits until `job` has been scraped `n` times after time `t`."""
+        """Waits until `job` has been scraped successfully `n` times after time `t`."""
 
         def enough():
-            r = self.query(f'count_over_time(up{{job="{job}"}}[{max(1, int(time.time() - t))}s])')
+            # up is 1 for a successful scrape, 0 for a failed one; the window starts after t.
+            r = self.query(f'sum_over_time(up{{job="{job}"}}[{max(1, int(time.time() - t))}s])')
             res = r.get("data", {}).get("result", [])
             return res and float(res[0]["value"][1]) >= n
 
