@@ -1,112 +1,315 @@
 #!/usr/bin/env python3
-"""Generates Quipu's Grafana dashboards: `python3 dashboards/generate.py` rewrites the JSON.
+"""Generates Quipu's Grafana dashboards from the metric definitions in `src/metrics.rs`.
 
-The dashboards are code so they stay consistent (every panel uses the `datasource` variable,
-every rate uses `$__rate_interval`, every query filters by the `model`/`tenant` variables where
-the metric has that label) and so the test suite can check that the committed JSON is what
-this file produces (tests/python/test_observability.py).
+    python3 dashboards/generate.py           # writes dashboards/quipu-*.json
+    python3 dashboards/generate.py --check   # exits 1 if a committed file differs
+
+The committed JSON must equal this script's output (`tests/python/test_observability.py`
+checks it, and evaluates every target below against a real Prometheus scraping a real gateway).
+
+Conventions (see `docs/observability.md`): `"id": null` and a fixed `uid`; one `datasource`
+template variable that every panel and target references as `${datasource}`; query variables
+`model` and `tenant` (multi-value, All = `.*`) used with `=~`; `$__rate_interval` in every
+`rate()`; a unit and a description on every panel. Standard library only.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import pathlib
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = pathlib.Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RI = "$__rate_interval"
+
+# Selectors for the template variables, by the label each metric carries.
 M = 'model=~"$model"'
 GM = 'gen_ai_request_model=~"$model"'
 T = 'tenant=~"$tenant"'
+CHAT_MESSAGES = 'route=~"chat|messages"'
+ERR = 'error_type!="none"'
+S5 = 'status=~"5.."'
+CACHED = 'type="cached_input"'
+PROMPT = 'type=~"input|cached_input"'
+OUTPUT = 'type="output"'
+HIT = 'outcome="hit"'
+SOLES = "prefix:S/ "
+TENANT_VALUES = 'label_values({__name__=~"quipu_tokens_total|quipu_billing_refused_total|quipu_rate_limited_total"}, tenant)'
 
 
-def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> dict:
-    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": not instant}
-    if instant:
-        t["instant"] = True
-    return t
+def j(*selectors: str) -> str:
+    return ", ".join(selectors)
 
 
-class Layout:
-    """Places panels on the 24-column grid, left to right, top to bottom."""
+def rate(metric: str, sel: str = "") -> str:
+    return f"rate({metric}{{{sel}}}[{RI}])" if sel else f"rate({metric}[{RI}])"
 
-    def __init__(self):
+
+def quantiles(metric: str, sel: str = "", by: str = "") -> list[tuple[str, str]]:
+    """p50/p95/p99 targets of a histogram: (expr, legend)."""
+    extra = f", {by}" if by else ""
+    prefix = "{{" + by + "}} " if by else ""
+    return [
+        (
+            f"histogram_quantile({q}, sum by (le{extra}) ({rate(metric + '_bucket', sel)}))",
+            f"{prefix}p{int(q * 100)}",
+        )
+        for q in (0.5, 0.95, 0.99)
+    ]
+
+
+class Board:
+    """Lays panels out left to right in rows of 24 grid units."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict] = []
         self.x = 0
         self.y = 0
         self.row_h = 0
         self.next_id = 1
 
-    def place(self, w: int, h: int) -> dict:
-        if self.x + w > 24:
-            self.x = 0
+    def _id(self) -> int:
+        i = self.next_id
+        self.next_id += 1
+        return i
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append(
+            {
+                "type": "row",
+                "title": title,
+                "id": self._id(),
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                "panels": [],
+            }
+        )
+        self.y += 1
+
+    def _newline(self) -> None:
+        if self.x:
             self.y += self.row_h
+            self.x = 0
             self.row_h = 0
-        pos = {"x": self.x, "y": self.y, "w": w, "h": h}
+
+    def add(self, panel: dict, w: int, h: int) -> None:
+        if self.x + w > 24:
+            self._newline()
+        panel["id"] = self._id()
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
         self.x += w
         self.row_h = max(self.row_h, h)
-        return pos
+        self.panels.append(panel)
 
-    def row(self, title: str) -> dict:
-        if self.x:
-            self.x = 0
-            self.y += self.row_h
-            self.row_h = 0
-        panel = {"type": "row", "title": title, "id": self.next_id, "collapsed": False,
-                 "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1}, "panels": []}
-        self.next_id += 1
-        self.y += 1
-        return panel
 
-    def panel(self, kind: str, title: str, description: str, targets: list[dict], unit: str,
-              w: int = 8, h: int = 8, stack: bool = False, **extra) -> dict:
-        refs = "ABCDEFGH"
-        for i, t in enumerate(targets):
-            t["refId"] = refs[i]
-        p = {
-            "type": kind,
-            "title": title,
-            "description": description,
-            "id": self.next_id,
+def targets(exprs: list[tuple[str, str]], instant: bool = False) -> list[dict]:
+    out = []
+    for i, (expr, legend) in enumerate(exprs):
+        out.append(
+            {
+                "datasource": DS,
+                "editorMode": "code",
+                "expr": expr,
+                "legendFormat": legend,
+                "range": not instant,
+                "instant": instant,
+                "refId": chr(ord("A") + i),
+            }
+        )
+    return out
+
+
+def timeseries(
+    title: str,
+    description: str,
+    exprs: list[tuple[str, str]],
+    unit: str,
+    stack: bool = False,
+    minimum: float | None = 0,
+) -> dict:
+    defaults: dict = {
+        "unit": unit,
+        "color": {"mode": "palette-classic"},
+        "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 15 if stack else 5,
+            "showPoints": "never",
+            "spanNulls": False,
+            "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        },
+    }
+    if minimum is not None:
+        defaults["min"] = minimum
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {
+                "displayMode": "table",
+                "placement": "bottom",
+                "showLegend": True,
+                "calcs": ["mean", "max", "lastNotNull"],
+            },
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "targets": targets(exprs),
+    }
+
+
+def stat(
+    title: str,
+    description: str,
+    exprs: list[tuple[str, str]],
+    unit: str,
+    text_mode: str = "auto",
+    thresholds: list[tuple[float | None, str]] | None = None,
+    decimals: int | None = None,
+) -> dict:
+    steps = [{"color": c, "value": v} for v, c in (thresholds or [(None, "green")])]
+    defaults: dict = {
+        "unit": unit,
+        "color": {"mode": "thresholds"},
+        "thresholds": {"mode": "absolute", "steps": steps},
+    }
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "none" if text_mode == "name" else "area",
+            "justifyMode": "auto",
+            "orientation": "auto",
+            "textMode": text_mode,
+            "wideLayout": True,
+        },
+        "targets": targets(exprs),
+    }
+
+
+def state_timeline(title: str, description: str, exprs: list[tuple[str, str]]) -> dict:
+    return {
+        "type": "state-timeline",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {
+            "defaults": {
+                "unit": "bool_yes_no",
+                "color": {"mode": "thresholds"},
+                "thresholds": {
+                    "mode": "absolute",
+                    "steps": [{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                },
+                "mappings": [
+                    {
+                        "type": "value",
+                        "options": {
+                            "0": {"text": "down", "color": "red", "index": 0},
+                            "1": {"text": "healthy", "color": "green", "index": 1},
+                        },
+                    }
+                ],
+                "custom": {"fillOpacity": 80, "lineWidth": 0},
+            },
+            "overrides": [],
+        },
+        "options": {
+            "showValue": "auto",
+            "mergeValues": True,
+            "rowHeight": 0.9,
+            "alignValue": "left",
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "single", "sort": "none"},
+        },
+        "targets": targets(exprs),
+    }
+
+
+def bargauge(title: str, description: str, exprs: list[tuple[str, str]], unit: str) -> dict:
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "min": 0,
+                "color": {"mode": "continuous-GrYlRd"},
+                "thresholds": {"mode": "absolute", "steps": [{"color": "green", "value": None}]},
+            },
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["mean"], "fields": "", "values": False},
+            "displayMode": "gradient",
+            "orientation": "horizontal",
+            "showUnfilled": True,
+            "valueMode": "color",
+            "namePlacement": "auto",
+            "sizing": "auto",
+        },
+        "targets": targets(exprs),
+    }
+
+
+def variables() -> list[dict]:
+    def query_var(name: str, label: str, query: str) -> dict:
+        return {
+            "type": "query",
+            "name": name,
+            "label": label,
             "datasource": DS,
-            "gridPos": self.place(w, h),
-            "targets": targets,
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+            "definition": query,
+            "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "refresh": 2,
+            "sort": 1,
+            "multi": True,
+            "includeAll": True,
+            "allValue": ".*",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "options": [],
+            "regex": "",
+            "hide": 0,
+            "skipUrlSync": False,
         }
-        if kind == "timeseries" and stack:
-            p["fieldConfig"]["defaults"]["custom"] = {"stacking": {"mode": "normal"}, "fillOpacity": 30}
-        if kind == "stat":
-            p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value", "graphMode": "area"}
-        p.update(extra)
-        self.next_id += 1
-        return p
 
-
-def quantile(q: float, metric: str, by: str, filt: str) -> str:
-    return f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{filt}}}[{RI}])))"
-
-
-def variables(with_tenant: bool) -> list[dict]:
-    v = [
-        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "refresh": 1},
-        {"name": "model", "label": "Model", "type": "query", "datasource": DS,
-         "query": {"query": "label_values(quipu_requests_total, model)", "refId": "model"},
-         "definition": "label_values(quipu_requests_total, model)",
-         "multi": True, "includeAll": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"},
-         "refresh": 2, "sort": 1, "hide": 0},
+    return [
+        {
+            "type": "datasource",
+            "name": "datasource",
+            "label": "Data source",
+            "query": "prometheus",
+            "current": {},
+            "options": [],
+            "refresh": 1,
+            "regex": "",
+            "hide": 0,
+            "includeAll": False,
+            "multi": False,
+            "skipUrlSync": False,
+        },
+        query_var("model", "Model", "label_values(quipu_requests_total, model)"),
+        # Not only quipu_tokens_total: a tenant refused (402, 429) before it was ever served has
+        # no token series, and it is the one the refusal panels are for.
+        query_var("tenant", "Tenant", TENANT_VALUES),
     ]
-    if with_tenant:
-        v.append({"name": "tenant", "label": "Tenant", "type": "query", "datasource": DS,
-                  "query": {"query": "label_values(quipu_tokens_total, tenant)", "refId": "tenant"},
-                  "definition": "label_values(quipu_tokens_total, tenant)",
-                  "multi": True, "includeAll": True, "allValue": ".*", "current": {"text": "All", "value": "$__all"},
-                  "refresh": 2, "sort": 1, "hide": 0})
-    return v
 
 
-def dashboard(uid: str, title: str, description: str, panels: list[dict], with_tenant: bool) -> dict:
+def dashboard(uid: str, title: str, description: str, board: Board) -> dict:
     return {
         "id": None,
         "uid": uid,
@@ -116,153 +319,243 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict], with_t
         "timezone": "browser",
         "editable": True,
         "graphTooltip": 1,
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
         "refresh": "30s",
         "schemaVersion": 39,
         "version": 1,
         "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": variables(with_tenant)},
-        "annotations": {"list": []},
-        "links": [{"title": "Quipu", "type": "dashboards", "tags": ["quipu"], "asDropdown": False}],
-        "panels": panels,
+        "timepicker": {},
+        "weekStart": "",
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "links": [
+            {
+                "type": "dashboards",
+                "tags": ["quipu"],
+                "asDropdown": False,
+                "includeVars": True,
+                "keepTime": True,
+                "title": "Quipu",
+                "icon": "external link",
+                "targetBlank": False,
+                "tooltip": "",
+                "url": "",
+            }
+        ],
+        "templating": {"list": variables()},
+        "panels": board.panels,
     }
 
 
 def operations() -> dict:
-    L = Layout()
-    P = []
-    P.append(L.row("Traffic"))
-    P.append(L.panel("timeseries", "Requests per second by route",
-        "Every request the API listener answered, by route (chat, messages, count_tokens, catalog routes, errors).",
-        [target(f'sum by (route) (rate(quipu_requests_total{{{M}}}[{RI}]))', "{{route}}")], "reqps", stack=True))
-    P.append(L.panel("timeseries", "Requests per second by model and status",
-        "Chat, messages and count_tokens requests by model and HTTP status.",
-        [target(f'sum by (model, status) (rate(quipu_requests_total{{route=~"chat|messages|count_tokens",{M}}}[{RI}]))', "{{model}} {{status}}")], "reqps"))
-    P.append(L.panel("timeseries", "Error ratio",
-        "Share of API requests that ended in an error (any error_type but none), overall and by error type.",
-        [target(f'sum(rate(quipu_requests_total{{route=~"chat|messages|count_tokens",error_type!="none",{M}}}[{RI}])) / sum(rate(quipu_requests_total{{route=~"chat|messages|count_tokens",{M}}}[{RI}]))', "all errors"),
-         target(f'sum by (error_type) (rate(quipu_requests_total{{route=~"chat|messages|count_tokens",error_type!="none",{M}}}[{RI}])) / scalar(sum(rate(quipu_requests_total{{route=~"chat|messages|count_tokens",{M}}}[{RI}])))', "{{error_type}}")], "percentunit"))
-    P.append(L.panel("timeseries", "In-flight requests and open streams",
-        "API requests being handled right now, by route, and streaming responses in progress.",
-        [target("sum by (route) (quipu_requests_in_flight)", "{{route}}"), target("quipu_streams_open", "open streams")], "short"))
-    P.append(L.panel("timeseries", "Client disconnects",
-        "Clients that went away before their response was complete (their upstream request is cancelled; tokens so far are billed).",
-        [target(f"sum by (route) (rate(quipu_client_disconnects_total[{RI}]))", "{{route}}")], "reqps"))
-    P.append(L.panel("stat", "Build", "Running version and store backend.",
-        [target("max by (version, store) (quipu_build_info)", "{{version}} ({{store}})", instant=True)], "none"))
+    b = Board()
+    req = "quipu_requests_total"
 
-    P.append(L.row("Latency"))
-    P.append(L.panel("timeseries", "Request duration p50 / p95 / p99",
-        "From request arrival to the last byte sent (gen_ai_server_request_duration_seconds), all models selected.",
-        [target(quantile(q, "gen_ai_server_request_duration_seconds", "format", GM), f"p{int(q*100)} {{{{format}}}}") for q in (0.5, 0.95, 0.99)], "s"))
-    P.append(L.panel("timeseries", "Time to first token p50 / p95 / p99",
-        "From request arrival to the first generated chunk (the model's prefill plus queueing).",
-        [target(quantile(q, "gen_ai_server_time_to_first_token_seconds", "gen_ai_request_model", GM), f"p{int(q*100)} {{{{gen_ai_request_model}}}}") for q in (0.5, 0.95, 0.99)], "s"))
-    P.append(L.panel("timeseries", "Time per output token p50 / p95",
-        "Decode speed of streams: (duration − TTFT) / (output tokens − 1).",
-        [target(quantile(q, "gen_ai_server_time_per_output_token_seconds", "gen_ai_request_model", GM), f"p{int(q*100)} {{{{gen_ai_request_model}}}}") for q in (0.5, 0.95)], "s"))
-    P.append(L.panel("timeseries", "Gateway overhead p50 / p99",
-        "Time Quipu itself spent on a request, outside the upstream exchange (auth, parsing, translation, writing).",
-        [target(quantile(q, "quipu_gateway_overhead_seconds", "route", 'route=~"chat|messages|count_tokens"'), f"p{int(q*100)} {{{{route}}}}") for q in (0.5, 0.99)], "s"))
+    b.row("Overview")
+    b.add(stat("Requests per second", "All requests the gateway answered (API and catalog), for the selected models.",
+               [(f"sum({rate(req, M)})", "requests/s")], "reqps"), 4, 4)
+    b.add(stat("Error ratio", "Share of requests answered with an error of any kind (error_type != none): client errors (4xx) and server or upstream errors (5xx).",
+               [(f'sum({rate(req, j(ERR, M))}) / sum({rate(req, M)})', "errors")],
+               "percentunit", thresholds=[(None, "green"), (0.05, "orange"), (0.2, "red")]), 4, 4)
+    b.add(stat("p95 latency (API)", "95th percentile of the time from request arrival to the last byte sent, all API requests (gen_ai_server_request_duration_seconds).",
+               [(f"histogram_quantile(0.95, sum by (le) ({rate('gen_ai_server_request_duration_seconds_bucket', GM)}))", "p95")],
+               "s"), 4, 4)
+    b.add(stat("In-flight API requests", "API requests between arrival and their logging phase, all routes (quipu_requests_in_flight).",
+               [("sum(quipu_requests_in_flight)", "in flight")], "short"), 3, 4)
+    b.add(stat("Open streams", "Streaming responses in progress (quipu_streams_open).",
+               [("sum(quipu_streams_open)", "streams")], "short"), 3, 4)
+    b.add(stat("Healthy replicas", "Upstream replicas that pass their health checks and are not ejected, out of all configured replicas of the selected models.",
+               [(f"sum(quipu_upstream_healthy{{{M}}})", "healthy"), (f"count(quipu_upstream_healthy{{{M}}})", "configured")],
+               "short"), 3, 4)
+    b.add(stat("Build", "The running version and store backend (quipu_build_info), and the number of active API keys in the gateway's snapshot (quipu_keys_active).",
+               [("max by (version, store) (quipu_build_info)", "{{version}} · {{store}}"),
+                ("max(quipu_keys_active)", "active keys")], "none", text_mode="value_and_name"), 3, 4)
 
-    P.append(L.row("Tokens"))
-    P.append(L.panel("timeseries", "Tokens per second by type",
-        "Billed tokens: input (uncached), cached_input (prefix-cache hits) and output. The types are disjoint, so they add up.",
-        [target(f"sum by (gen_ai_token_type) (rate(gen_ai_client_token_usage_sum{{{GM}}}[{RI}]))", "{{gen_ai_token_type}}")], "short", stack=True))
-    P.append(L.panel("timeseries", "Cached-token share",
-        "cached_input / (input + cached_input): how much of the prompt the upstreams' prefix caches served (higher is cheaper).",
-        [target(f'sum(rate(gen_ai_client_token_usage_sum{{gen_ai_token_type="cached_input",{GM}}}[{RI}])) / sum(rate(gen_ai_client_token_usage_sum{{gen_ai_token_type=~"input|cached_input",{GM}}}[{RI}]))', "cached share"),
-         target(f'sum by (gen_ai_request_model) (rate(gen_ai_client_token_usage_sum{{gen_ai_token_type="cached_input",{GM}}}[{RI}])) / sum by (gen_ai_request_model) (rate(gen_ai_client_token_usage_sum{{gen_ai_token_type=~"input|cached_input",{GM}}}[{RI}]))', "{{gen_ai_request_model}}")], "percentunit"))
-    P.append(L.panel("timeseries", "Output tokens per request p50 / p95",
-        "Distribution of output tokens per request.",
-        [target(f'histogram_quantile({q}, sum by (le) (rate(gen_ai_client_token_usage_bucket{{gen_ai_token_type="output",{GM}}}[{RI}])))', f"p{int(q*100)}") for q in (0.5, 0.95)], "short"))
+    b.row("Traffic")
+    b.add(timeseries("Requests by route", "Requests per second by route. Catalog routes (models, pricing, plans, health) have model=\"none\", so selecting a model hides them.",
+                     [(f"sum by (route) ({rate(req, M)})", "{{route}}")], "reqps", stack=True), 8, 8)
+    b.add(timeseries("API requests by model", "Chat and messages requests per second by model slug.",
+                     [(f'sum by (model) ({rate(req, j(CHAT_MESSAGES, M))})', "{{model}}")], "reqps", stack=True), 8, 8)
+    b.add(timeseries("Requests by HTTP status", "Requests per second by the status written to the client (0 if the client left before any was written).",
+                     [(f"sum by (status) ({rate(req, M)})", "{{status}}")], "reqps", stack=True), 8, 8)
+    b.add(timeseries("Errors by type", "Failed requests per second by error kind (authentication, invalid_request, context_length, model_not_found, insufficient_balance, rate_limited, overloaded, upstream_timeout, upstream_error, …).",
+                     [(f'sum by (error_type) ({rate(req, j(ERR, M))})', "{{error_type}}")], "reqps", stack=True), 8, 8)
+    b.add(timeseries("Error ratio", "Share of requests that failed: every error, and only server-side ones (HTTP 5xx: overloaded, upstream errors and timeouts, internal).",
+                     [(f'sum({rate(req, j(ERR, M))}) / sum({rate(req, M)})', "all errors"),
+                      (f'sum({rate(req, j(S5, M))}) / sum({rate(req, M)})', "5xx")],
+                     "percentunit"), 8, 8)
+    b.add(timeseries("Authentication failures", "Requests refused for a missing, invalid or revoked key, by route (quipu_auth_failures_total).",
+                     [(f"sum by (route) ({rate('quipu_auth_failures_total')})", "{{route}}")], "reqps"), 8, 8)
 
-    P.append(L.row("Upstreams"))
-    P.append(L.panel("timeseries", "Replica health",
-        "1 when the replica passes its health checks and is not ejected after consecutive failures.",
-        [target(f"quipu_upstream_healthy{{{M}}}", "{{model}} {{replica}}")], "short"))
-    P.append(L.panel("timeseries", "Requests in flight per replica",
-        "What least-loaded selection balances.",
-        [target(f"quipu_upstream_in_flight{{{M}}}", "{{model}} {{replica}}")], "short"))
-    P.append(L.panel("timeseries", "Replica selections by reason",
-        "Picks per second: affinity (the replica holding the prompt's prefix), least_loaded, round_robin.",
-        [target(f"sum by (replica, reason) (rate(quipu_upstream_selected_total{{{M}}}[{RI}]))", "{{replica}} {{reason}}")], "reqps", stack=True))
-    P.append(L.panel("timeseries", "Prefix-affinity outcomes",
-        "hit: sent to the replica that served the prefix; overloaded: that replica was too busy; miss: no known prefix.",
-        [target(f"sum by (outcome) (rate(quipu_prefix_affinity_total{{{M}}}[{RI}]))", "{{outcome}}")], "reqps", stack=True))
-    P.append(L.panel("timeseries", "Upstream failures and retries",
-        "Failed attempts by replica and kind (connect, reset, status_503, …), and requests retried on another replica before any byte reached the client.",
-        [target(f"sum by (replica, kind) (rate(quipu_upstream_failures_total{{{M}}}[{RI}]))", "{{replica}} {{kind}}"),
-         target(f"sum by (model) (rate(quipu_upstream_retries_total{{{M}}}[{RI}]))", "retries {{model}}")], "reqps"))
+    b.row("Latency")
+    dur = "gen_ai_server_request_duration_seconds"
+    b.add(timeseries("Request duration", "Time from request arrival to the last byte sent to the client, API requests (gen_ai_server_request_duration_seconds), p50/p95/p99.",
+                     quantiles(dur, GM), "s"), 8, 8)
+    b.add(timeseries("Request duration p95 by model and mode", "95th percentile request duration by model and by stream (true) or single response (false).",
+                     [(f"histogram_quantile(0.95, sum by (le, gen_ai_request_model, stream) ({rate(dur + '_bucket', GM)}))",
+                       "{{gen_ai_request_model}} stream={{stream}}")], "s"), 8, 8)
+    b.add(timeseries("Mean request duration by format", "Mean request duration (sum / count of the histogram) by client format: OpenAI chat or Anthropic messages.",
+                     [(f"sum by (format) ({rate(dur + '_sum', GM)}) / sum by (format) ({rate(dur + '_count', GM)})", "{{format}}")],
+                     "s"), 8, 8)
+    b.add(timeseries("Time to first token", "Time from request arrival to the first generated chunk (gen_ai_server_time_to_first_token_seconds), p50/p95/p99. Non-streamed requests are observed too, when the whole upstream body has arrived, so they raise the upper percentiles (the metric has no stream label).",
+                     quantiles("gen_ai_server_time_to_first_token_seconds", GM), "s"), 8, 8)
+    b.add(timeseries("Time per output token", "(duration − time to first token) / (output tokens − 1), streams only (gen_ai_server_time_per_output_token_seconds), p50/p95/p99.",
+                     quantiles("gen_ai_server_time_per_output_token_seconds", GM), "s"), 8, 8)
+    b.add(timeseries("Gateway overhead", "Time the gateway spent on a request outside the upstream exchange (auth, parsing, translation, admission, writing), all API routes (quipu_gateway_overhead_seconds), p50/p95/p99.",
+                     quantiles("quipu_gateway_overhead_seconds"), "s"), 8, 8)
 
-    P.append(L.row("Keys and ledger"))
-    P.append(L.panel("timeseries", "Authentication failures",
-        "Requests refused for a missing, invalid or revoked key, by route.",
-        [target(f"sum by (route) (rate(quipu_auth_failures_total[{RI}]))", "{{route}}")], "reqps"))
-    P.append(L.panel("stat", "Active keys", "API keys in the in-memory snapshot.",
-        [target("max(quipu_keys_active)", "keys")], "short"))
-    P.append(L.panel("timeseries", "Ledger queue", "Ledger rows waiting to be written to the store (should stay near zero).",
-        [target("quipu_ledger_queue_rows", "rows queued")], "short"))
-    P.append(L.panel("timeseries", "Ledger flush latency p50 / p99", "Time to write one batch of ledger rows.",
-        [target(quantile(q, "quipu_ledger_flush_seconds", "result", 'result="ok"'), f"p{int(q*100)}") for q in (0.5, 0.99)], "s"))
-    return dashboard("quipu-operations", "Quipu — operations",
-                     "Traffic, errors, latency, tokens, upstream replicas and the ledger of the Quipu gateway.", P, False)
+    b.row("Tokens")
+    tok = "quipu_tokens_total"
+    b.add(timeseries("Tokens per second by type", "Billed tokens per second: input (uncached), cached_input (prefix-cache hits) and output. The types are disjoint, so the stack is the total.",
+                     [(f"sum by (type) ({rate(tok, M + ', ' + T)})", "{{type}}")], "short", stack=True), 8, 8)
+    b.add(timeseries("Cached-token share", "cached_input / (input + cached_input): the share of prompt tokens served from the upstream's prefix cache.",
+                     [(f'sum({rate(tok, j(CACHED, M, T))}) / sum({rate(tok, j(PROMPT, M, T))})', "cached share")],
+                     "percentunit", minimum=0), 8, 8)
+    b.add(timeseries("Tokens per request p95 by type", "95th percentile of tokens per request by type (gen_ai_client_token_usage histogram).",
+                     [(f"histogram_quantile(0.95, sum by (le, gen_ai_token_type) ({rate('gen_ai_client_token_usage_bucket', GM)}))",
+                       "{{gen_ai_token_type}}")], "short"), 8, 8)
+    b.add(timeseries("Output tokens per second by model", "Generated tokens per second by model.",
+                     [(f'sum by (model) ({rate(tok, j(OUTPUT, M, T))})', "{{model}}")], "short", stack=True), 12, 8)
+    b.add(timeseries("Mean tokens per request by type", "Mean tokens per request by type (sum / count of gen_ai_client_token_usage).",
+                     [(f"sum by (gen_ai_token_type) ({rate('gen_ai_client_token_usage_sum', GM)}) / sum by (gen_ai_token_type) ({rate('gen_ai_client_token_usage_count', GM)})",
+                       "{{gen_ai_token_type}}")], "short"), 12, 8)
+
+    b.row("Upstream replicas")
+    b.add(state_timeline("Replica health", "1 while the replica passes its health checks and is not ejected after consecutive failures (quipu_upstream_healthy).",
+                         [(f"max by (model, replica) (quipu_upstream_healthy{{{M}}})", "{{model}} {{replica}}")]), 12, 8)
+    b.add(timeseries("Requests in flight per replica", "Requests the gateway has in flight to each replica (quipu_upstream_in_flight): the least-loaded picker's input.",
+                     [(f"sum by (model, replica) (quipu_upstream_in_flight{{{M}}})", "{{model}} {{replica}}")], "short"), 12, 8)
+    b.add(timeseries("Replica selections by reason", "Times a replica was picked per second, by reason: affinity (holds the prompt's prefix), least_loaded, round_robin.",
+                     [(f"sum by (reason) ({rate('quipu_upstream_selected_total', M)})", "{{reason}}")], "ops", stack=True), 8, 8)
+    b.add(timeseries("Selections by replica", "Times each replica was picked per second.",
+                     [(f"sum by (model, replica) ({rate('quipu_upstream_selected_total', M)})", "{{model}} {{replica}}")], "ops", stack=True), 8, 8)
+    b.add(timeseries("Prefix-affinity outcomes", "Prefix-affinity routing per second: hit (sent to the replica holding the prefix), overloaded (that replica was too busy), miss (no replica holds it yet).",
+                     [(f"sum by (outcome) ({rate('quipu_prefix_affinity_total', M)})", "{{outcome}}")], "ops", stack=True), 8, 8)
+    b.add(timeseries("Prefix-affinity hit ratio", "hit / (hit + overloaded + miss) of prefix-affinity routing decisions.",
+                     [(f'sum({rate("quipu_prefix_affinity_total", j(HIT, M))}) / sum({rate("quipu_prefix_affinity_total", M)})', "hit ratio")],
+                     "percentunit"), 8, 8)
+    b.add(timeseries("Upstream failures by kind", "Failed upstream attempts per second by kind: connect, reset (before any response), status_503; tokenizer calls also count other 5xx. Other 5xx answers, first-byte timeouts and streams broken midway are not replica failures: see Errors by type (quipu_upstream_failures_total).",
+                     [(f"sum by (kind) ({rate('quipu_upstream_failures_total', M)})", "{{kind}}")], "ops", stack=True), 8, 8)
+    b.add(timeseries("Upstream failures by replica", "Failed upstream attempts per second by replica; a replica is ejected after max_failures in a row.",
+                     [(f"sum by (model, replica) ({rate('quipu_upstream_failures_total', M)})", "{{model}} {{replica}}")], "ops", stack=True), 8, 8)
+    b.add(timeseries("Retries on another replica", "Requests retried on another replica before any byte reached the client, per second by model (quipu_upstream_retries_total).",
+                     [(f"sum by (model) ({rate('quipu_upstream_retries_total', M)})", "{{model}}")], "ops"), 8, 8)
+
+    b.row("Connections")
+    b.add(timeseries("In-flight requests by route", "API requests being handled, by route (quipu_requests_in_flight).",
+                     [("sum by (route) (quipu_requests_in_flight)", "{{route}}")], "short", stack=True), 8, 8)
+    b.add(timeseries("Open streams", "Streaming responses in progress (quipu_streams_open).",
+                     [("sum(quipu_streams_open)", "open streams")], "short"), 8, 8)
+    b.add(timeseries("Client disconnects", "Clients that went away before their response was complete, per second by route; their usage so far is still billed (quipu_client_disconnects_total).",
+                     [(f"sum by (route) ({rate('quipu_client_disconnects_total')})", "{{route}}")], "reqps"), 8, 8)
+
+    b.row("Ledger")
+    flush = "quipu_ledger_flush_seconds"
+    b.add(timeseries("Ledger queue depth", "Ledger rows waiting to be written to the store (quipu_ledger_queue_rows). A crash loses at most this many rows; growth means the store is slow or down.",
+                     [("sum(quipu_ledger_queue_rows)", "queued rows")], "short"), 8, 8)
+    b.add(timeseries("Ledger flush latency", "Time to write one batch of ledger rows to the store, successful batches (quipu_ledger_flush_seconds{result=\"ok\"}), p50/p95/p99.",
+                     quantiles(flush, 'result="ok"'), "s"), 8, 8)
+    b.add(timeseries("Ledger flushes by result", "Batch writes per second by result: ok, or error (retried with backoff, rows kept).",
+                     [(f"sum by (result) ({rate(flush + '_count')})", "{{result}}")], "ops"), 8, 8)
+
+    return dashboard(
+        "quipu-operations",
+        "Quipu · Operations",
+        "Traffic, errors, latency, tokens, upstream replicas, connections and the ledger writer of the Quipu LLM gateway.",
+        b,
+    )
 
 
 def billing() -> dict:
-    L = Layout()
-    P = []
-    P.append(L.row("Spend"))
-    P.append(L.panel("timeseries", "Spend in soles per hour by tenant",
-        "Charges in PEN (quipu_spend_pen_total; exact amounts are in the ledger and in `quipu statement`).",
-        [target(f"sum by (tenant) (rate(quipu_spend_pen_total{{{T},{M}}}[{RI}])) * 3600", "{{tenant}}")], "prefix:S/ ", w=12, stack=True))
-    P.append(L.panel("timeseries", "Spend in soles per hour by model",
-        "Charges in PEN by model.",
-        [target(f"sum by (model) (rate(quipu_spend_pen_total{{{T},{M}}}[{RI}])) * 3600", "{{model}}")], "prefix:S/ ", w=12, stack=True))
-    P.append(L.panel("bargauge", "Top tenants by spend (time range)",
-        "The ten tenants that spent most over the selected range.",
-        [target(f"topk(10, sum by (tenant) (increase(quipu_spend_pen_total{{{T},{M}}}[$__range])))", "{{tenant}}", instant=True)], "prefix:S/ ", w=12,
-        options={"orientation": "horizontal", "reduceOptions": {"calcs": ["lastNotNull"]}, "displayMode": "gradient"}))
-    P.append(L.panel("stat", "Spend over the range",
-        "Total charges over the selected range, all selected tenants and models.",
-        [target(f"sum(increase(quipu_spend_pen_total{{{T},{M}}}[$__range]))", "soles", instant=True)], "prefix:S/ ", w=12))
-    P.append(L.row("Tokens"))
-    P.append(L.panel("timeseries", "Tokens per second by tenant",
-        "Billed tokens of each tenant, all types.",
-        [target(f"sum by (tenant) (rate(quipu_tokens_total{{{T},{M}}}[{RI}]))", "{{tenant}}")], "short", w=12, stack=True))
-    P.append(L.panel("timeseries", "Tokens per second by type",
-        "input (uncached), cached_input and output, selected tenants and models.",
-        [target(f"sum by (type) (rate(quipu_tokens_total{{{T},{M}}}[{RI}]))", "{{type}}")], "short", w=12, stack=True))
-    P.append(L.row("Refusals"))
-    P.append(L.panel("timeseries", "Rate-limited requests",
-        "429s by tenant, scope (key or tenant) and limit (requests or tokens per minute).",
-        [target(f"sum by (tenant, scope, limit) (rate(quipu_rate_limited_total{{{T}}}[{RI}]))", "{{tenant}} {{scope}} {{limit}}")], "reqps", w=12))
-    P.append(L.panel("timeseries", "Refused for balance (402)",
-        "Requests whose worst-case cost the tenant's balance did not cover.",
-        [target(f"sum by (tenant) (rate(quipu_billing_refused_total{{{T}}}[{RI}]))", "{{tenant}}")], "reqps", w=12))
-    P.append(L.row("Reservations and ledger"))
-    P.append(L.panel("timeseries", "Open reservations",
-        "Admitted requests holding their worst-case cost, and the soles held.",
-        [target("quipu_reservations_open", "reservations"), target("quipu_reserved_pen", "soles reserved")], "short", w=12))
-    P.append(L.panel("timeseries", "Ledger rows written",
-        "Rows per second written to the store (new) or skipped because already recorded (duplicate).",
-        [target(f"sum by (result) (rate(quipu_ledger_rows_total[{RI}]))", "{{result}}")], "short", w=12))
-    return dashboard("quipu-billing", "Quipu — billing",
-                     "Spend in soles, tokens and refusals by tenant and model.", P, True)
+    b = Board()
+    spend = "quipu_spend_pen_total"
+    tok = "quipu_tokens_total"
+    MT = j(M, T)
+
+    b.row("Overview")
+    b.add(stat("Spend rate", "Charges in soles per hour for the selected tenants and models (quipu_spend_pen_total, a float for dashboards; the ledger is exact).",
+               [(f"sum({rate(spend, MT)}) * 3600", "S/ per hour")], SOLES, decimals=4), 6, 4)
+    b.add(stat("Tokens per second", "Billed tokens per second, all types, for the selected tenants and models.",
+               [(f"sum({rate(tok, MT)})", "tokens/s")], "short"), 6, 4)
+    b.add(stat("Open reservations", "Admitted requests whose worst-case cost is held against the balance (quipu_reservations_open).",
+               [("sum(quipu_reservations_open)", "open")], "short"), 6, 4)
+    b.add(stat("Reserved soles", "Soles held by open reservations (quipu_reserved_pen; updated every second).",
+               [("sum(quipu_reserved_pen)", "reserved")], SOLES, decimals=4), 6, 4)
+
+    b.row("Spend")
+    b.add(timeseries("Spend by tenant", "Charges in soles per hour by tenant.",
+                     [(f"sum by (tenant) ({rate(spend, MT)}) * 3600", "{{tenant}}")], SOLES, stack=True), 12, 8)
+    b.add(timeseries("Spend by model", "Charges in soles per hour by model.",
+                     [(f"sum by (model) ({rate(spend, MT)}) * 3600", "{{model}}")], SOLES, stack=True), 12, 8)
+    b.add(bargauge("Top tenants by spend", "The ten tenants with the highest spend rate, in soles per hour (mean over the time range).",
+                   [(f"topk(10, sum by (tenant) ({rate(spend, MT)}) * 3600)", "{{tenant}}")], SOLES), 12, 8)
+    b.add(bargauge("Top tenants by tokens", "The ten tenants with the most billed tokens per second, all types (mean over the time range).",
+                   [(f"topk(10, sum by (tenant) ({rate(tok, MT)}))", "{{tenant}}")], "short"), 12, 8)
+
+    b.row("Tokens")
+    b.add(timeseries("Tokens by tenant and type", "Billed tokens per second by tenant and type: input (uncached), cached_input, output.",
+                     [(f"sum by (tenant, type) ({rate(tok, MT)})", "{{tenant}} {{type}}")], "short", stack=True), 12, 8)
+    b.add(timeseries("Cached-token share by tenant", "cached_input / (input + cached_input) per tenant: how much of each tenant's prompts the prefix cache served (billed at the cached price).",
+                     [(f'sum by (tenant) ({rate(tok, j(CACHED, MT))}) / sum by (tenant) ({rate(tok, j(PROMPT, MT))})', "{{tenant}}")],
+                     "percentunit"), 12, 8)
+
+    b.row("Refusals")
+    b.add(timeseries("Rate-limited requests", "Requests refused with 429 per minute, by tenant, scope (key or tenant) and limit (requests or tokens per minute).",
+                     [(f"sum by (tenant, scope, limit) ({rate('quipu_rate_limited_total', T)}) * 60", "{{tenant}} {{scope}} {{limit}}")], "reqpm"), 12, 8)
+    b.add(timeseries("Insufficient balance (402)", "Requests refused with 402 per minute by tenant: the balance did not cover the request's worst-case cost.",
+                     [(f"sum by (tenant) ({rate('quipu_billing_refused_total', T)}) * 60", "{{tenant}}")], "reqpm"), 12, 8)
+
+    b.row("Reservations and ledger")
+    b.add(timeseries("Open reservations", "Admitted requests holding a reservation (quipu_reservations_open).",
+                     [("sum(quipu_reservations_open)", "open reservations")], "short"), 8, 8)
+    b.add(timeseries("Reserved soles", "Soles held by open reservations (quipu_reserved_pen).",
+                     [("sum(quipu_reserved_pen)", "reserved")], SOLES), 8, 8)
+    b.add(timeseries("Ledger rows written", "Ledger rows per second: new, or duplicate (a retried batch; skipped by request id, never charged twice).",
+                     [(f"sum by (result) ({rate('quipu_ledger_rows_total')})", "{{result}}")], "ops", stack=True), 8, 8)
+
+    return dashboard(
+        "quipu-billing",
+        "Quipu · Billing",
+        "Spend in soles, tokens, refusals (429, 402), reservations and ledger rows of the Quipu LLM gateway, by tenant and model.",
+        b,
+    )
+
+
+DASHBOARDS = {"quipu-operations.json": operations, "quipu-billing.json": billing}
+
+
+def render() -> dict[str, str]:
+    """File name -> JSON text, exactly as committed."""
+    return {name: json.dumps(fn(), indent=2, ensure_ascii=False) + "\n" for name, fn in DASHBOARDS.items()}
 
 
 def main() -> int:
-    check = "--check" in sys.argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="fail if a committed dashboard differs from the output")
+    args = ap.parse_args()
     stale = []
-    for name, d in (("quipu-operations.json", operations()), ("quipu-billing.json", billing())):
-        text = json.dumps(d, indent=2, ensure_ascii=False) + "\n"
+    for name, text in render().items():
         path = HERE / name
-        if check:
+        if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(name)
         else:
             path.write_text(text)
+            print(f"wrote {path.relative_to(HERE.parent)}")
     if stale:
-        print(f"stale dashboards (run python3 dashboards/generate.py): {', '.join(stale)}")
+        print(f"stale: {', '.join(stale)}; run `python3 dashboards/generate.py` and commit", file=sys.stderr)
         return 1
     return 0
 
