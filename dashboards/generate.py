@@ -409,7 +409,7 @@ def operations() -> dict:
     b.add(timeseries("Mean request duration by format", "Mean request duration (sum / count of the histogram) by client format: OpenAI chat or Anthropic messages.",
                      [(f"sum by (format) ({rate(dur + '_sum', GM)}) / sum by (format) ({rate(dur + '_count', GM)})", "{{format}}")],
                      "s"), 8, 8)
-    b.add(timeseries("Time to first token", "Time from request arrival to the first generated chunk (gen_ai_server_time_to_first_token_seconds), p50/p95/p99. Non-streamed requests are observed too, when the whole upstream body has arrived, so they raise the upper percentiles (the metric has no stream label).",
+    b.add(timeseries("Time to first token", "Streamed requests only: time from request arrival to the first generated chunk (gen_ai_server_time_to_first_token_seconds), p50/p95/p99.",
                      quantiles("gen_ai_server_time_to_first_token_seconds", GM), "s"), 8, 8)
     b.add(timeseries("Time per output token", "(duration − time to first token) / (output tokens − 1), streams only (gen_ai_server_time_per_output_token_seconds), p50/p95/p99.",
                      quantiles("gen_ai_server_time_per_output_token_seconds", GM), "s"), 8, 8)

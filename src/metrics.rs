@@ -106,7 +106,7 @@ impl Metrics {
             ),
             time_to_first_token: hist(
                 "gen_ai_server_time_to_first_token_seconds",
-                "Time from request arrival to the first generated chunk",
+                "Time from request arrival to the first generated chunk of a streamed response",
                 TTFT_BUCKETS,
                 &["gen_ai_request_model", "format"],
             ),

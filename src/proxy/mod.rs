@@ -76,7 +76,7 @@ pub struct RequestCtx {
     pub error: Option<&'static str>,
     /// `ok`, `client_disconnected`, `upstream_error`, … (the ledger row's status).
     pub outcome: &'static str,
-    /// `relay`: arrival of the first generated chunk.
+    /// `relay`: arrival of the first generated chunk (streams only).
     pub ttft: Option<Duration>,
     /// `api`: the replica that answered, and how many attempts it took.
     pub replica: Option<String>,

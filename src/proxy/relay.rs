@@ -250,7 +250,6 @@ pub async fn completion(
             }
         };
         resp.finish(&gw.connector).await;
-        ctx.ttft = Some(ctx.started.elapsed());
         let translated = match ctx.format {
             ClientFormat::Chat => {
                 upstream_to_chat(&body, &rctx, gw.config.streaming.chat_reasoning_field)
