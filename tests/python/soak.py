@@ -9,7 +9,8 @@ Both formats, streams and not, successes, client errors (400/401/404), upstream 
 - the ledger equals, request by request and to the last pico-sol, a recomputation from the
   tokens the simulators report;
 - no reservation is open;
-- the gateway's RSS grew less than 5 % after warm-up.
+- the gateway's RSS grew less than 10 % after warm-up, and less than 2 % over the second half of
+  the window (a leak grows with the requests; caches and the allocator level off).
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ def rolling_restart(gw: Gateway, sim: Sim, archive: dict) -> None:
     """Drains a replica (unhealthy → no new requests), keeps what it saw, restarts it."""
     sim.set_healthy(False)
     wait_until(lambda: gw.metric_value("quipu_upstream_healthy", replica=sim.api_base) == 0, 10)
+    # Quipu's own count first: a request it routed here just before the flip may not have
+    # reached the simulator yet (its in_flight is 0 meanwhile), and would be served, and
+    # billed, after the records below were read.
+    wait_until(lambda: gw.metric_value("quipu_upstream_in_flight", replica=sim.api_base) == 0, 30)
     wait_until(lambda: sim.stats()["in_flight"] == 0, 30)
     for r in sim.requests(0):
         if r["request_id"]:
@@ -152,29 +157,42 @@ def run(seconds: float, workdir: Path, threads: int = 8, warmup: float = 90.0) -
     started = time.time() + warmup
     for t in pool:
         t.start()
-    archive: dict[str, dict] = {}
-    seen: dict[int, int] = {}
-    rss_samples: list[int] = []
-    restarts = [started + seconds * 0.3, started + seconds * 0.65]
+    try:
+        archive: dict[str, dict] = {}
+        seen: dict[int, int] = {}
+        rss_samples: list[int] = []
+        restarts = [started + seconds * 0.3, started + seconds * 0.65]
 
-    def wait_to(t):
-        while time.time() < t:
+        midpoint = started + seconds / 2
+        rss_mid: list[int] = []
+
+        def wait_to(t):
+            while time.time() < t:
+                collect(sims, archive, seen)
+                rss_samples.append(rss_kb(gw.process.proc.pid))
+                if not rss_mid and time.time() >= midpoint:
+                    rss_mid.append(rss_samples[-1])
+                time.sleep(1.0)
+
+        wait_to(started)
+        rss_warm = rss_kb(gw.process.proc.pid)
+        log(f"warmed up: RSS {rss_warm} kB")
+        for at in restarts:
+            wait_to(at)
             collect(sims, archive, seen)
-            rss_samples.append(rss_kb(gw.process.proc.pid))
-            time.sleep(1.0)
-
-    wait_to(started)
-    rss_warm = rss_kb(gw.process.proc.pid)
-    log(f"warmed up: RSS {rss_warm} kB")
-    for at in restarts:
-        wait_to(at)
-        collect(sims, archive, seen)
-        log("restarting a replica")
-        seen.pop(sims[1].port, None)
-        rolling_restart(gw, sims[1], archive)
-        log("replica back")
-    wait_to(started + seconds)
-    rss_end = rss_kb(gw.process.proc.pid)
+            log("restarting a replica")
+            seen.pop(sims[1].port, None)
+            rolling_restart(gw, sims[1], archive)
+            log("replica back")
+        wait_to(started + seconds)
+        rss_end = rss_kb(gw.process.proc.pid)
+    except BaseException:
+        # Whatever failed, the workers must not keep a test process alive.
+        stop.set()
+        gw.stop()
+        for s in sims:
+            s.stop()
+        raise
     stop.set()
     log("stopping the workload")
     for t in pool:
@@ -223,7 +241,11 @@ def run(seconds: float, workdir: Path, threads: int = 8, warmup: float = 90.0) -
         "reservations_open": reservations,
         "rss_warm_kb": rss_warm,
         "rss_end_kb": rss_end,
+        "rss_mid_kb": rss_mid[0] if rss_mid else rss_end,
         "rss_growth": (rss_end - rss_warm) / rss_warm if rss_warm else 0.0,
+        # Growth over the second half of the window, relative to the warm size: a leak keeps
+        # growing at the request rate; SQLite's page cache (2 MiB) and the allocator settle.
+        "rss_steady_growth": (rss_end - (rss_mid[0] if rss_mid else rss_end)) / rss_warm if rss_warm else 0.0,
         "rss_samples_kb": rss_samples[:: max(1, len(rss_samples) // 20)],
         "client_errors": sorted({e: errors.count(e) for e in errors}.items())[:10],
     }
@@ -246,7 +268,8 @@ def main() -> int:
         report["mismatch_count"] == 0
         and Decimal(report["ledger_total"]) == Decimal(report["recomputed_total"])
         and report["reservations_open"] == 0
-        and report["rss_growth"] < 0.05
+        and report["rss_growth"] < 0.10
+        and report["rss_steady_growth"] < 0.02
         and report["exit_code"] == 0
     )
     print("SOAK PASSED" if ok else "SOAK FAILED")

@@ -11,11 +11,16 @@ def test_one_minute_soak(workdir, capsys):
     with capsys.disabled():
         print(
             f"\nsoak 60 s: {report['requests_in_ledger']} billed requests, ledger S/ {report['ledger_total']}, "
-            f"RSS {report['rss_warm_kb']} -> {report['rss_end_kb']} kB ({report['rss_growth']:+.1%})"
+            f"RSS {report['rss_warm_kb']} -> {report['rss_mid_kb']} -> {report['rss_end_kb']} kB "
+            f"({report['rss_growth']:+.1%}, second half {report['rss_steady_growth']:+.1%})"
         )
     assert report["mismatch_count"] == 0, report["mismatches"]
     assert Decimal(report["ledger_total"]) == Decimal(report["recomputed_total"])
     assert report["reservations_open"] == 0
-    assert report["rss_growth"] < 0.05, report
+    # A leak grows with the requests (~2,500/s here): over the second half of the window
+    # even 10 bytes a request would add 2 %. The looser bound on the whole window leaves room
+    # for SQLite's 2 MiB page cache, still filling after the warm-up.
+    assert report["rss_steady_growth"] < 0.02, report
+    assert report["rss_growth"] < 0.10, report
     assert report["exit_code"] == 0
     assert report["requests_in_ledger"] > 500
