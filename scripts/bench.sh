@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The side-by-side benchmark (direct, nginx, bare pingora, LiteLLM, Quipu) on this machine:
+#
+#   ./scripts/bench.sh [--quick]       # writes docs/benchmarks.md
+#
+# Installs what it needs: nginx and wrk (apt), oha (cargo), LiteLLM (pip, in its own venv under
+# benches/.venv-litellm). Not a test: it measures, it does not pass or fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUIPU_DEPS_BUILD_ONLY=1 source scripts/deps.sh
+need=()
+command -v nginx >/dev/null 2>&1 || need+=(nginx)
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then sudo=sudo; else sudo=; fi
+  $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  $sudo systemctl stop nginx >/dev/null 2>&1 || true
+fi
+command -v oha >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/oha" ] || cargo install oha --locked
+venv=benches/.venv-litellm
+if [ ! -x "$venv/bin/litellm" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q 'litellm[proxy]==1.106.2'
+fi
+cargo build --release -p quipu -p quipu-sim -p bare-forwarder
+exec python3 benches/run.py "$@"
