@@ -12,6 +12,7 @@
 
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::keys::{constant_time_eq, hash_secret};
+use crate::proxy::meters::TenantMeters;
 use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
 use arc_swap::ArcSwap;
 use http::HeaderMap;
@@ -25,6 +26,8 @@ pub struct Principal {
     pub tenant_id: TenantId,
     pub tenant_name: String,
     pub limits: KeyLimits,
+    /// The tenant's billing counters, resolved once per model (see `proxy::meters`).
+    pub meters: TenantMeters,
     secret_hash: [u8; 32],
 }
 
@@ -37,20 +40,27 @@ struct Snapshot {
 /// The in-memory key table. Cheap to read from any thread.
 pub struct KeySnapshot {
     current: ArcSwap<Snapshot>,
+    /// Configured models, to size each principal's metric table.
+    models: usize,
 }
 
 impl Default for KeySnapshot {
     fn default() -> Self {
+        KeySnapshot::new(0)
+    }
+}
+
+impl KeySnapshot {
+    pub fn new(models: usize) -> Self {
         KeySnapshot {
             current: ArcSwap::from_pointee(Snapshot {
                 version: -1,
                 keys: HashMap::new(),
             }),
+            models,
         }
     }
-}
 
-impl KeySnapshot {
     /// Replaces the table (used by [`refresh`](Self::refresh) and by tests).
     pub fn install(&self, version: i64, keys: Vec<ActiveKey>) {
         let keys = keys
@@ -63,6 +73,7 @@ impl KeySnapshot {
                         tenant_id: k.tenant_id,
                         tenant_name: k.tenant_name,
                         limits: k.limits,
+                        meters: TenantMeters::new(self.models),
                         secret_hash: k.secret_hash,
                     }),
                 )

@@ -15,6 +15,7 @@ use crate::billing::{ledger, Accounts};
 use crate::catalog::Catalog;
 use crate::config::{redact_url, Config};
 use crate::metrics::m;
+use crate::proxy::meters::Meters;
 use crate::proxy::Gateway;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
@@ -101,7 +102,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
                 redact_url(&config.store.url)
             )
         })?;
-    let keys = Arc::new(KeySnapshot::default());
+    let keys = Arc::new(KeySnapshot::new(config.models.len()));
     billing_rt
         .block_on(keys.refresh(store.as_ref()))
         .map_err(|e| format!("cannot load API keys: {e}"))?;
@@ -174,6 +175,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         ledger: ledger_handle,
         limits: RateLimiter::new(config.limits),
         in_flight: in_flight.clone(),
+        meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
     };
     let mut proxy =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "quipu api");

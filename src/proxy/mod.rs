@@ -13,6 +13,7 @@
 //! [`RequestCtx`] carries what one phase learns to the next; each field says who sets it.
 
 pub mod api;
+pub mod meters;
 pub mod relay;
 pub mod respond;
 pub mod route;
@@ -22,12 +23,12 @@ use crate::billing::{Accounts, LedgerHandle, Reservation};
 use crate::catalog::Catalog;
 use crate::config::{Config, ModelId};
 use crate::error::ClientFormat;
-use crate::metrics::m;
 use crate::ratelimit::RateLimiter;
 use crate::store::{now_ms, LedgerRow};
 use crate::upstream::ModelPool;
 use crate::usage::Usage;
 use async_trait::async_trait;
+use meters::Meters;
 use pingora::connectors::http::v1::Connector;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
@@ -48,6 +49,7 @@ pub struct Gateway {
     pub limits: RateLimiter,
     /// API requests between `request_filter` and `logging` (for draining on shutdown).
     pub in_flight: Arc<AtomicUsize>,
+    pub meters: Meters,
 }
 
 /// Per-request state.
@@ -78,8 +80,9 @@ pub struct RequestCtx {
     pub outcome: &'static str,
     /// `relay`: arrival of the first generated chunk (streams only).
     pub ttft: Option<Duration>,
-    /// `api`: the replica that answered, and how many attempts it took.
-    pub replica: Option<String>,
+    /// `api`: the replica that answered (index into the model's replicas), and how many
+    /// attempts it took.
+    pub replica: Option<usize>,
     pub attempts: u32,
     /// Time spent waiting on the upstream (to report the gateway's own overhead).
     pub upstream_time: Duration,
@@ -123,6 +126,10 @@ impl ProxyHttp for Gateway {
         RequestCtx::default()
     }
 
+    /// No downstream modules: Quipu does not compress responses (pingora's default adds a
+    /// disabled compression module that still runs on every request).
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
+
     /// Every request is answered here; returning `Ok(true)` tells pingora it was.
     async fn request_filter(
         &self,
@@ -138,7 +145,7 @@ impl ProxyHttp for Gateway {
         if ctx.route.is_api() {
             self.in_flight.fetch_add(1, Ordering::SeqCst);
             ctx.counted_in_flight = true;
-            m().in_flight.with_label_values(&[ctx.route.as_str()]).inc();
+            self.meters.in_flight(ctx.route).inc();
         }
         api::handle(self, session, ctx).await?;
         Ok(true)
@@ -174,7 +181,7 @@ impl ProxyHttp for Gateway {
     ) {
         if ctx.counted_in_flight {
             ctx.counted_in_flight = false;
-            m().in_flight.with_label_values(&[ctx.route.as_str()]).dec();
+            self.meters.in_flight(ctx.route).dec();
         }
         self.settle(ctx);
         self.observe(ctx);
@@ -190,11 +197,11 @@ impl Gateway {
         let Some(reservation) = ctx.reservation.take() else {
             return;
         };
-        let (Some(p), Some(model)) = (ctx.principal.as_ref(), ctx.model) else {
+        let (Some(p), Some(model_id)) = (ctx.principal.as_ref(), ctx.model) else {
             self.accounts.settle(reservation, crate::money::Pen::ZERO);
             return;
         };
-        let model = &self.config.models[model];
+        let model = &self.config.models[model_id];
         let usage = ctx.usage.unwrap_or_default();
         let charge = model.prices.charge(
             usage.uncached_input(),
@@ -217,25 +224,23 @@ impl Gateway {
             status: ctx.outcome.to_owned(),
             http_status: ctx.status,
         });
-        let tenant = p.tenant_name.as_str();
-        let slug = model.slug.as_str();
-        for (kind, n) in [
-            ("input", usage.uncached_input()),
-            ("cached_input", usage.cached()),
-            ("output", usage.completion_tokens),
-        ] {
-            m().tokens
-                .with_label_values(&[tenant, slug, kind])
-                .inc_by(n);
-            m().token_usage
-                .with_label_values(&[kind, slug, "chat"])
-                .observe(n as f64);
+        let tokens = [
+            usage.uncached_input(),
+            usage.cached(),
+            usage.completion_tokens,
+        ];
+        for (kind, n) in tokens.into_iter().enumerate() {
+            if let Some(h) = self.meters.token_usage(model_id, kind) {
+                h.observe(n as f64);
+            }
         }
-        // Float soles for dashboards only; the ledger has the exact amount.
-        let soles = charge.picos() as f64 / 1e12;
-        m().spend_pen
-            .with_label_values(&[tenant, slug])
-            .inc_by(soles);
+        p.meters.with(model_id, &p.tenant_name, &model.slug, |t| {
+            for (counter, n) in t.tokens.iter().zip(tokens) {
+                counter.inc_by(n);
+            }
+            // Float soles for dashboards only; the ledger has the exact amount.
+            t.spend_pen.inc_by(charge.picos() as f64 / 1e12);
+        });
     }
 
     /// Metrics and the access-log line.
@@ -245,33 +250,29 @@ impl Gateway {
             .model
             .map(|i| self.config.models[i].slug.as_str())
             .unwrap_or("none");
-        let status = ctx.status.to_string();
         let error = ctx.error.unwrap_or("none");
-        m().requests
-            .with_label_values(&[ctx.route.as_str(), model, &status, error])
-            .inc();
+        self.meters.request(ctx.route, ctx.model, ctx.status, error);
         if ctx.route.is_api() {
-            m().request_duration
-                .with_label_values(&[
-                    model,
-                    ctx.format.as_str(),
-                    if ctx.stream { "true" } else { "false" },
-                    error,
-                ])
-                .observe(elapsed.as_secs_f64());
-            m().gateway_overhead
-                .with_label_values(&[ctx.route.as_str()])
+            self.meters.duration(
+                ctx.model,
+                ctx.format,
+                ctx.stream,
+                error,
+                elapsed.as_secs_f64(),
+            );
+            self.meters
+                .overhead(ctx.route)
                 .observe(elapsed.saturating_sub(ctx.upstream_time).as_secs_f64());
-            if let Some(t) = ctx.ttft {
-                m().time_to_first_token
-                    .with_label_values(&[model, ctx.format.as_str()])
-                    .observe(t.as_secs_f64());
+            if let (Some(t), Some(model_id)) = (ctx.ttft, ctx.model) {
+                if let Some(h) = self.meters.ttft(model_id, ctx.format) {
+                    h.observe(t.as_secs_f64());
+                }
                 let out = ctx.usage.map_or(0, |u| u.completion_tokens);
                 if ctx.stream && out > 1 {
                     let per = (elapsed.saturating_sub(t)).as_secs_f64() / (out - 1) as f64;
-                    m().time_per_output_token
-                        .with_label_values(&[model])
-                        .observe(per);
+                    if let Some(h) = self.meters.tpot(model_id) {
+                        h.observe(per);
+                    }
                 }
             }
         }
@@ -299,7 +300,9 @@ impl Gateway {
                     .unwrap_or_else(|| "0.00".into()),
                 elapsed.as_secs_f64() * 1000.0,
                 ctx.ttft.map_or("-".into(), |t| format!("{:.3}", t.as_secs_f64() * 1000.0)),
-                ctx.replica.as_deref().unwrap_or("-"),
+                ctx.model
+                    .zip(ctx.replica)
+                    .map_or("-", |(m, r)| self.config.models[m].replicas[r].url.as_str()),
                 ctx.attempts,
             );
         }

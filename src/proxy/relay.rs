@@ -94,12 +94,12 @@ async fn send<'g>(
             m().upstream_retries.with_label_values(&[&model.slug]).inc();
         }
         ctx.attempts += 1;
-        ctx.replica = Some(guard.replica().url.clone());
+        ctx.replica = Some(guard.index);
         let path = guard.replica().chat_path();
         let call = Call {
             replica: guard.replica(),
             timeouts: &model.timeouts,
-            path: &path,
+            path,
             body: &req.body,
             request_id: &ctx.request_id,
             api_key: model.upstream_api_key.as_deref(),
@@ -434,7 +434,7 @@ pub async fn tokenize(
             )
         })?;
         ctx.attempts += 1;
-        ctx.replica = Some(guard.replica().url.clone());
+        ctx.replica = Some(guard.index);
         let call = Call {
             replica: guard.replica(),
             timeouts: &model.timeouts,

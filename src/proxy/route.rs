@@ -19,6 +19,9 @@ pub enum Route {
 }
 
 impl Route {
+    /// Number of variants (for tables indexed by `route as usize`).
+    pub const COUNT: usize = 11;
+
     /// Stable label for metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {

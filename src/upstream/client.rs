@@ -10,6 +10,7 @@
 
 use crate::config::{Replica, Timeouts};
 use bytes::Bytes;
+use http::HeaderValue;
 use pingora::connectors::http::v1::Connector;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::v1::client::HttpSession;
@@ -164,10 +165,11 @@ fn request_header(
     request_id: &str,
     api_key: Option<&str>,
 ) -> pingora::Result<RequestHeader> {
-    let mut h = RequestHeader::build("POST", path.as_bytes(), Some(6))?;
+    // No case map: upstreams read header names case-insensitively.
+    let mut h = RequestHeader::build_no_case(http::Method::POST, path.as_bytes(), Some(5))?;
     h.insert_header("host", replica.authority.as_str())?;
-    h.insert_header("content-type", "application/json")?;
-    h.insert_header("content-length", len.to_string())?;
+    h.insert_header("content-type", HeaderValue::from_static("application/json"))?;
+    h.insert_header("content-length", HeaderValue::from(len))?;
     h.insert_header("x-request-id", request_id)?;
     if let Some(key) = api_key {
         h.insert_header("authorization", format!("Bearer {key}"))?;

@@ -22,9 +22,10 @@ use crate::metrics::m;
 use pingora::lb::health_check::{HealthObserve, HttpHealthCheck};
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, Backends, LoadBalancer};
+use prometheus::{IntCounter, IntGauge};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Bytes of upstream prompt per affinity block.
@@ -42,6 +43,9 @@ pub struct ReplicaState {
     consecutive_failures: AtomicU32,
     /// Milliseconds since the pool's epoch until which the replica is ejected.
     ejected_until_ms: AtomicU64,
+    /// This replica's metric children, resolved once so picks do no label lookups.
+    in_flight_gauge: IntGauge,
+    selected: [OnceLock<IntCounter>; Pick::COUNT],
 }
 
 /// The replicas of one model.
@@ -55,6 +59,8 @@ pub struct ModelPool {
     epoch: Instant,
     rr: AtomicUsize,
     affinity: Box<[AtomicU64]>,
+    /// `quipu_prefix_affinity_total` children: hit, overloaded, miss.
+    affinity_outcomes: [OnceLock<IntCounter>; 3],
 }
 
 /// Why a replica was chosen (a metric label).
@@ -66,6 +72,8 @@ pub enum Pick {
 }
 
 impl Pick {
+    const COUNT: usize = 3;
+
     pub fn as_str(self) -> &'static str {
         match self {
             Pick::LeastLoaded => "least_loaded",
@@ -120,13 +128,10 @@ impl ReplicaGuard<'_> {
 impl Drop for ReplicaGuard<'_> {
     fn drop(&mut self) {
         let r = &self.pool.replicas[self.index];
-        let left = r
-            .in_flight
-            .fetch_sub(1, Ordering::Relaxed)
-            .saturating_sub(1);
-        m().upstream_in_flight
-            .with_label_values(&[&self.pool.slug, &r.replica.url])
-            .set(left as i64);
+        r.in_flight.fetch_sub(1, Ordering::Relaxed);
+        // inc/dec, not set(): two threads setting the value they each computed can leave a
+        // stale count behind.
+        r.in_flight_gauge.dec();
     }
 }
 
@@ -207,9 +212,10 @@ impl ModelPool {
                 m().upstream_healthy
                     .with_label_values(&[&model.slug, &r.url])
                     .set(1);
-                m().upstream_in_flight
-                    .with_label_values(&[&model.slug, &r.url])
-                    .set(0);
+                let in_flight_gauge = m()
+                    .upstream_in_flight
+                    .with_label_values(&[&model.slug, &r.url]);
+                in_flight_gauge.set(0);
                 ReplicaState {
                     replica: r.clone(),
                     backend: Backend {
@@ -220,6 +226,8 @@ impl ModelPool {
                     in_flight: AtomicUsize::new(0),
                     consecutive_failures: AtomicU32::new(0),
                     ejected_until_ms: AtomicU64::new(0),
+                    in_flight_gauge,
+                    selected: Default::default(),
                 }
             })
             .collect();
@@ -233,6 +241,7 @@ impl ModelPool {
             epoch: Instant::now(),
             rr: AtomicUsize::new(0),
             affinity: (0..AFFINITY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            affinity_outcomes: Default::default(),
         })
     }
 
@@ -285,22 +294,16 @@ impl ModelPool {
                 match self.affinity_lookup(prompt_blocks) {
                     Some(i) if candidates.contains(&i) => {
                         if self.in_flight(i) <= self.in_flight(fallback) + AFFINITY_SLACK {
-                            m().affinity_hits
-                                .with_label_values(&[&self.slug, "hit"])
-                                .inc();
+                            self.affinity_outcome(0, "hit");
                             (i, Pick::Affinity)
                         } else {
-                            m().affinity_hits
-                                .with_label_values(&[&self.slug, "overloaded"])
-                                .inc();
+                            self.affinity_outcome(1, "overloaded");
                             (fallback, Pick::LeastLoaded)
                         }
                     }
                     _ => {
                         if !prompt_blocks.is_empty() {
-                            m().affinity_hits
-                                .with_label_values(&[&self.slug, "miss"])
-                                .inc();
+                            self.affinity_outcome(2, "miss");
                         }
                         (fallback, Pick::LeastLoaded)
                     }
@@ -311,18 +314,28 @@ impl ModelPool {
             self.affinity_record(prompt_blocks, index);
         }
         let r = &self.replicas[index];
-        let now = r.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        m().upstream_in_flight
-            .with_label_values(&[&self.slug, &r.replica.url])
-            .set(now as i64);
-        m().upstream_selected
-            .with_label_values(&[&self.slug, &r.replica.url, pick.as_str()])
+        r.in_flight.fetch_add(1, Ordering::Relaxed);
+        r.in_flight_gauge.inc();
+        r.selected[pick as usize]
+            .get_or_init(|| {
+                m().upstream_selected.with_label_values(&[
+                    &self.slug,
+                    &r.replica.url,
+                    pick.as_str(),
+                ])
+            })
             .inc();
         Some(ReplicaGuard {
             pool: self,
             index,
             pick,
         })
+    }
+
+    fn affinity_outcome(&self, i: usize, outcome: &str) {
+        self.affinity_outcomes[i]
+            .get_or_init(|| m().affinity_hits.with_label_values(&[&self.slug, outcome]))
+            .inc();
     }
 
     /// Whether prefix affinity applies to this pool (callers skip hashing otherwise).

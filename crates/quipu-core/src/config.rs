@@ -423,11 +423,13 @@ pub struct Replica {
     pub addr: SocketAddr,
     /// Path of the OpenAI API root, `/v1` unless the URL says otherwise.
     pub api_base: String,
+    /// `{api_base}/chat/completions`, built once rather than per request.
+    chat_path: String,
 }
 
 impl Replica {
-    pub fn chat_path(&self) -> String {
-        format!("{}/chat/completions", self.api_base)
+    pub fn chat_path(&self) -> &str {
+        &self.chat_path
     }
 }
 
@@ -986,6 +988,7 @@ pub fn parse_replica(url: &str) -> Result<Replica, String> {
         url: url.to_owned(),
         authority: authority.to_owned(),
         addr,
+        chat_path: format!("{api_base}/chat/completions"),
         api_base,
     })
 }

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::fmt;
 
 /// The request's top level; every field raw so each gets a precise error.
 #[derive(Deserialize)]
@@ -351,9 +352,28 @@ fn present(raw: Option<&RawValue>) -> Option<&RawValue> {
     raw.filter(|r| r.get() != "null")
 }
 
-fn str_field<'a>(raw: &'a RawValue, param: &str) -> Result<Cow<'a, str>, ApiError> {
+/// `parent[index]`: a parameter path, formatted only when an error names it (the hot path
+/// validates every message and part, and must not build strings for paths nobody reads).
+struct Index<'a>(&'a dyn fmt::Display, usize);
+
+impl fmt::Display for Index<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.0, self.1)
+    }
+}
+
+/// `parent.field`, formatted lazily like [`Index`].
+struct Dot<'a>(&'a dyn fmt::Display, &'a str);
+
+impl fmt::Display for Dot<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
+fn str_field<'a>(raw: &'a RawValue, param: impl fmt::Display) -> Result<Cow<'a, str>, ApiError> {
     serde_json::from_str::<Cow<'a, str>>(raw.get())
-        .map_err(|_| ApiError::invalid(param, format!("`{param}` must be a string")))
+        .map_err(|_| ApiError::invalid(param.to_string(), format!("`{param}` must be a string")))
 }
 
 fn bool_field(raw: &RawValue, param: &str) -> Result<Option<bool>, ApiError> {
@@ -576,7 +596,7 @@ fn write_tools<'a>(
         out.extend_from_slice(b"{\"type\":\"function\",\"function\":{\"name\":");
         write_json_str(out, &f.name);
         if let Some(d) = present(f.description) {
-            str_field(d, &format!("tools[{i}].function.description"))?;
+            str_field(d, format!("tools[{i}].function.description"))?;
             out.extend_from_slice(b",\"description\":");
             out.extend_from_slice(d.get().as_bytes());
         }
@@ -714,14 +734,14 @@ fn write_messages(
     let mut open_calls: HashSet<String> = HashSet::new();
     out.push(b'[');
     for (i, m) in messages.into_iter().enumerate() {
-        let p = |f: &str| format!("messages[{i}].{f}");
-        let msg: MessageIn = serde_json::from_str(m.get()).map_err(|_| {
-            ApiError::invalid(format!("messages[{i}]"), "each message must be an object")
+        let at = Index(&"messages", i);
+        let p = |f| Dot(&at, f);
+        let msg: MessageIn = serde_json::from_str(m.get())
+            .map_err(|_| ApiError::invalid(at.to_string(), "each message must be an object"))?;
+        let role_raw = msg.role.ok_or_else(|| {
+            ApiError::invalid(p("role").to_string(), "every message needs a `role`")
         })?;
-        let role_raw = msg
-            .role
-            .ok_or_else(|| ApiError::invalid(p("role"), "every message needs a `role`"))?;
-        let role = str_field(role_raw, &p("role"))?;
+        let role = str_field(role_raw, p("role"))?;
         let role: &str = match role.as_ref() {
             "system" | "developer" => "system",
             "user" => "user",
@@ -729,7 +749,7 @@ fn write_messages(
             "tool" => "tool",
             other => {
                 return Err(ApiError::invalid(
-                    p("role"),
+                    p("role").to_string(),
                     format!("unknown role \"{other}\"; roles are system, user, assistant and tool"),
                 ))
             }
@@ -746,14 +766,14 @@ fn write_messages(
         match (role, content) {
             ("assistant", None) if tool_calls.is_none() => {
                 return Err(ApiError::invalid(
-                    p("content"),
+                    p("content").to_string(),
                     "an assistant message needs `content` or `tool_calls`",
                 ))
             }
             ("assistant", None) => out.extend_from_slice(b",\"content\":null"),
             (_, None) => {
                 return Err(ApiError::invalid(
-                    p("content"),
+                    p("content").to_string(),
                     format!("a {role} message needs `content`"),
                 ))
             }
@@ -764,7 +784,7 @@ fn write_messages(
             }
         }
         if let Some(n) = present(msg.name) {
-            str_field(n, &p("name"))?;
+            str_field(n, p("name"))?;
             out.extend_from_slice(b",\"name\":");
             out.extend_from_slice(n.get().as_bytes());
         }
@@ -777,26 +797,26 @@ fn write_messages(
         if let Some(tc) = tool_calls {
             if role != "assistant" {
                 return Err(ApiError::invalid(
-                    p("tool_calls"),
+                    p("tool_calls").to_string(),
                     "only assistant messages carry `tool_calls`",
                 ));
             }
             let calls: Vec<ToolCallIn> = serde_json::from_str(tc.get()).map_err(|_| {
                 ApiError::invalid(
-                    p("tool_calls"),
+                    p("tool_calls").to_string(),
                     "`tool_calls` must be an array of {\"id\",\"type\":\"function\",\"function\":{\"name\",\"arguments\"}}",
                 )
             })?;
             for (j, c) in calls.iter().enumerate() {
                 if c.kind.as_deref().is_some_and(|k| k != "function") {
                     return Err(ApiError::invalid(
-                        p(&format!("tool_calls[{j}].type")),
+                        p(&format!("tool_calls[{j}].type")).to_string(),
                         "tool calls must be of type \"function\"",
                     ));
                 }
                 if c.id.is_empty() || c.function.name.is_empty() {
                     return Err(ApiError::invalid(
-                        p(&format!("tool_calls[{j}]")),
+                        p(&format!("tool_calls[{j}]")).to_string(),
                         "a tool call needs a non-empty `id` and `function.name`",
                     ));
                 }
@@ -807,12 +827,15 @@ fn write_messages(
         }
         if role == "tool" {
             let id_raw = present(msg.tool_call_id).ok_or_else(|| {
-                ApiError::invalid(p("tool_call_id"), "a tool message needs `tool_call_id`")
+                ApiError::invalid(
+                    p("tool_call_id").to_string(),
+                    "a tool message needs `tool_call_id`",
+                )
             })?;
-            let id = str_field(id_raw, &p("tool_call_id"))?;
+            let id = str_field(id_raw, p("tool_call_id"))?;
             if !open_calls.contains(id.as_ref()) {
                 return Err(ApiError::invalid(
-                    p("tool_call_id"),
+                    p("tool_call_id").to_string(),
                     format!(
                         "tool message answers \"{id}\", but no preceding assistant message has a tool call with that id"
                     ),
@@ -827,7 +850,7 @@ fn write_messages(
                 ("reasoning_content", msg.reasoning_content),
             ] {
                 if let Some(r) = present(r) {
-                    str_field(r, &p(name))?;
+                    str_field(r, p(name))?;
                     out.extend_from_slice(b",\"");
                     out.extend_from_slice(name.as_bytes());
                     out.extend_from_slice(b"\":");
@@ -846,7 +869,7 @@ fn validate_content(
     role: &str,
     model: &Model,
     config: &Config,
-    param: &str,
+    param: &dyn fmt::Display,
 ) -> Result<(), ApiError> {
     let text = raw.get();
     if text.starts_with('"') {
@@ -854,29 +877,29 @@ fn validate_content(
     }
     let parts: Vec<PartIn> = serde_json::from_str(text).map_err(|_| {
         ApiError::invalid(
-            param,
+            param.to_string(),
             "`content` must be a string or an array of content parts ({\"type\":\"text\",…} or {\"type\":\"image_url\",…})",
         )
     })?;
     for (j, part) in parts.iter().enumerate() {
-        let pp = format!("{param}[{j}]");
+        let pp = Index(param, j);
         match part.kind.as_ref() {
             "text" => {
                 let t = part.text.ok_or_else(|| {
                     ApiError::invalid(format!("{pp}.text"), "a text part needs `text`")
                 })?;
-                str_field(t, &format!("{pp}.text"))?;
+                str_field(t, Dot(&pp, "text"))?;
             }
             "image_url" => {
                 if role != "user" {
                     return Err(ApiError::invalid(
-                        pp,
+                        pp.to_string(),
                         format!("{role} messages may only contain text parts"),
                     ));
                 }
                 if !model.vision {
                     return Err(ApiError::invalid(
-                        pp,
+                        pp.to_string(),
                         format!("model `{}` does not accept images", model.slug),
                     ));
                 }
