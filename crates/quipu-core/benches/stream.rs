@@ -288,6 +288,7 @@ impl Split {
     }
 }
 
+#[inline(never)]
 fn decode(pieces: &[&[u8]]) -> usize {
     let mut d = SseDecoder::default();
     let mut events = 0;
@@ -347,6 +348,10 @@ fn out_buffer() -> Vec<u8> {
 }
 
 /// Feeds one stream; `out` is cleared after every event, as the proxy clears it per write.
+// Not inlined, nor is `decode`: on a shared, noisy machine, instruction counts per case come
+// from the report under `valgrind --tool=callgrind` with `--toggle-collect` and `--dump-after`
+// on these two functions (see docs/benchmarks-micro.md).
+#[inline(never)]
 fn run(t: &mut dyn StreamTranslator, payloads: &[&[u8]], out: &mut Vec<u8>) {
     for p in payloads {
         t.on_event(p, out);
