@@ -11,6 +11,10 @@
 //! A separate crate so that fuzzing, benchmarking and testing the translators does not build
 //! the proxy (pingora) at all.
 
+// Also set here, not only in Cargo.toml: the crate's `[lints]` table relaxes `unsafe_code` to
+// `deny` so that the allocation-counting bench can opt out; the library itself must not.
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod error;
 pub mod money;
