@@ -9,8 +9,10 @@ Both formats, streams and not, successes, client errors (400/401/404), upstream 
 - the ledger equals, request by request and to the last pico-sol, a recomputation from the
   tokens the simulators report;
 - no reservation is open;
-- the gateway's RSS grew less than 10 % after warm-up, and less than 2 % over the second half of
-  the window (a leak grows with the requests; caches and the allocator level off).
+- the gateway's RSS grew less than 5 % after warm-up (the two-minute default), and less than 2 %
+  over the second half of the window: a leak grows with the requests, caches level off. The
+  one-minute version in the suite (tests/python/test_soak.py) allows 10 % over its whole window,
+  since SQLite's page cache may still be filling after its shorter warm-up.
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ def main() -> int:
         report["mismatch_count"] == 0
         and Decimal(report["ledger_total"]) == Decimal(report["recomputed_total"])
         and report["reservations_open"] == 0
-        and report["rss_growth"] < 0.10
+        and report["rss_growth"] < 0.05
         and report["rss_steady_growth"] < 0.02
         and report["exit_code"] == 0
     )
