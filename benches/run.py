@@ -4,6 +4,8 @@ front of the same fast upstream simulator, in one run on one machine.
 
     ./scripts/bench.sh            # full run, writes docs/benchmarks.md
     ./scripts/bench.sh --quick    # shorter cells, for a smoke test
+    python3 benches/run.py --streams-only 10000   # only the open-streams memory test
+    QUIPU_BENCH_WRAP="heaptrack -o /tmp/q" python3 benches/run.py --streams-only 6000
 
 Pinning (2-core machine): every proxy runs on CPU 0 with one worker thread/process; the load
 generator and the simulator share CPU 1. So a proxy's numbers are its own, and the direct
@@ -265,7 +267,9 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
         run("topup", "--tenant", "bench", "--amount", "1000000.00")
         secret = json.loads(run("key", "create", "--tenant", "bench", "--json").stdout)["secret"]
         self.key = secret
-        self.server = Server(name, [q, "--config", str(cfg), "serve"], "0", env=env)
+        # QUIPU_BENCH_WRAP="heaptrack -o /tmp/q" runs quipu under a profiler.
+        wrap = os.environ.get("QUIPU_BENCH_WRAP", "").split()
+        self.server = Server(name, [*wrap, q, "--config", str(cfg), "serve"], "0", env=env)
         self.pid = self.server.proc.pid
         self.base = f"http://127.0.0.1:{port}"
         wait_http(self.base + "/health")
@@ -379,6 +383,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6)
     ap.add_argument("--litellm-venv", default=str(ROOT / "benches" / ".venv-litellm"))
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    ap.add_argument("--streams-only", type=int, metavar="N",
+                    help="only the open-streams test with N streams; prints its figures, writes nothing")
     args = ap.parse_args()
     secs = 2 if args.quick else args.seconds
     global WORK
@@ -388,6 +394,11 @@ def main() -> int:
     sim_port = free_port()
     sim = Server("sim", [str(REL / "quipu-sim"), "--listen", f"127.0.0.1:{sim_port}", "--threads", "1"], "1")
     wait_http(f"http://127.0.0.1:{sim_port}/health")
+    if args.streams_only:
+        figures = open_streams(sim_port, args.streams_only)
+        sim.stop()
+        print(json.dumps(figures))
+        return 0
     targets: list[Target] = [Direct(sim_port)]
     notes = []
     for make in (lambda: Nginx(sim_port), lambda: Bare(sim_port), lambda: Quipu(sim_port),
@@ -437,16 +448,20 @@ def main() -> int:
     for t in targets:
         if hasattr(t, "server"):
             t.server.stop()
-    # 10,000 concurrent streams through Quipu (two worker threads, as configured by default).
-    q = Quipu(sim_port, threads=2, name="quipu-10k")
+    conc = open_streams(sim_port, 2000 if args.quick else 10000)
+    sim.stop()
+    write_report(args, rows, ttfb, open_loop, conc, notes)
+    return 0
+
+
+def open_streams(sim_port: int, n: int) -> dict:
+    """n concurrent streams through Quipu (two worker threads, as configured by default)."""
+    q = Quipu(sim_port, threads=2, name="quipu-streams")
     idle = rss_kb(q.pid, "VmRSS") / 1024
-    n = 2000 if args.quick else 10000
     ok = asyncio.run(hold_streams(int(q.base.rsplit(":", 1)[1]), q.key, n, 5))
     peak = rss_kb(q.pid) / 1024
     q.server.stop()
-    sim.stop()
-    write_report(args, rows, ttfb, open_loop, {"streams": n, "ok": ok, "idle_mb": idle, "peak_mb": peak}, notes)
-    return 0
+    return {"streams": n, "ok": ok, "idle_mb": idle, "peak_mb": peak}
 
 
 def fmt(x, d=2):

@@ -23,6 +23,7 @@ use crate::upstream::ModelPool;
 use pingora::apps::http_app::{HttpServer, ServeHttp};
 use pingora::connectors::http::v1::Connector;
 use pingora::connectors::ConnectorOptions;
+use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFFER_SIZE};
 use pingora::protocols::http::ServerSession;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{ExecutionPhase, RunArgs, Server};
@@ -179,7 +180,13 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     };
     let mut proxy =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "quipu api");
-    proxy.add_tcp(&config.server.listen.to_string());
+    // No L4 read buffer on plain TCP: pingora reads headers into its own 4 KiB buffer and bodies
+    // into the body reader's, so the default 64 KiB `BufReader` per connection only copied bytes
+    // twice and cost 64 KiB of heap for every open stream.
+    proxy.add_listener(
+        ListenerConfig::tcp(config.server.listen.to_string())
+            .l4_buffer(L4BufferSettings::new(0, DEFAULT_L4_WRITE_BUFFER_SIZE)),
+    );
     server.add_service(proxy);
 
     let mut metrics = Service::new("quipu metrics".into(), HttpServer::new_app(MetricsApp));

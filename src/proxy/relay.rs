@@ -208,16 +208,21 @@ pub async fn completion(
     }
     guard.succeeded();
     let rctx = response_context(gw, ctx, &req);
-    if req.stream {
+    // The upstream has answered, so nothing will be resent: free the request body (up to the
+    // body limit; coding agents send hundreds of KiB) rather than hold it for the whole response.
+    let (model_id, streaming, wants_usage) = (req.model, req.stream, req.client_wants_usage);
+    drop(req);
+    drop(blocks);
+    if streaming {
         let translator: Box<dyn StreamTranslator> = match ctx.format {
             ClientFormat::Chat => Box::new(ChatStream::new(
                 rctx,
-                req.client_wants_usage,
+                wants_usage,
                 gw.config.streaming.chat_reasoning_field,
             )),
             ClientFormat::Messages => Box::new(MessagesStream::new(rctx)),
         };
-        stream(gw, session, ctx, *resp, translator, req.model).await
+        stream(gw, session, ctx, *resp, translator, model_id).await
     } else {
         let started = Instant::now();
         let read = tokio::select! {
@@ -280,7 +285,9 @@ async fn stream(
 ) -> pingora::Result<()> {
     let model = &gw.config.models[model_id];
     let mut decoder = SseDecoder::default();
-    let mut out: Vec<u8> = Vec::with_capacity(8 * 1024);
+    // Cleared after every write and reused; it grows once if a burst of events needs more. Kept
+    // small because every open stream holds one.
+    let mut out: Vec<u8> = Vec::with_capacity(1024);
     let mut committed = false;
     let pings = ctx.format == ClientFormat::Messages;
     let ping_every = gw.config.streaming.ping_interval;
