@@ -52,14 +52,17 @@ async fn client_gone(session: &mut Session) {
     let _ = session.as_downstream_mut().read_body_or_idle(true).await;
 }
 
-fn response_context(gw: &Gateway, ctx: &RequestCtx, req: &UpstreamRequest) -> ResponseContext {
+/// Consumes the request: once the upstream has answered nothing is resent, so its body (up to
+/// the body limit; coding agents send hundreds of KiB) is freed here instead of living as long
+/// as the response, and the names the response needs are moved, not copied.
+fn response_context(gw: &Gateway, ctx: &RequestCtx, req: UpstreamRequest) -> ResponseContext {
     let model = &gw.config.models[req.model];
     ResponseContext {
         request_id: ctx.request_id.clone(),
-        client_model: req.client_model.clone(),
+        client_model: req.client_model,
         slug: model.slug.clone(),
         upstream_model: model.upstream_model.clone(),
-        tool_name_map: req.tool_name_map.clone(),
+        tool_name_map: req.tool_name_map,
     }
 }
 
@@ -207,12 +210,9 @@ pub async fn completion(
         return respond::error(session, ctx, ctx.format, &e).await;
     }
     guard.succeeded();
-    let rctx = response_context(gw, ctx, &req);
-    // The upstream has answered, so nothing will be resent: free the request body (up to the
-    // body limit; coding agents send hundreds of KiB) rather than hold it for the whole response.
     let (model_id, streaming, wants_usage) = (req.model, req.stream, req.client_wants_usage);
-    drop(req);
     drop(blocks);
+    let rctx = response_context(gw, ctx, req);
     if streaming {
         let translator: Box<dyn StreamTranslator> = match ctx.format {
             ClientFormat::Chat => Box::new(ChatStream::new(
