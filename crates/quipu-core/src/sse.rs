@@ -96,9 +96,10 @@ impl SseDecoder {
         F: FnMut(SseEvent<'_>) -> Result<(), E>,
         E: From<SseError>,
     {
-        if self.after_cr {
+        // An empty read says nothing about whether a `\n` follows a held `\r`: keep waiting.
+        if self.after_cr && !input.is_empty() {
             self.after_cr = false;
-            if input.first() == Some(&b'\n') {
+            if input[0] == b'\n' {
                 input = &input[1..];
             }
         }
@@ -312,6 +313,14 @@ mod tests {
     fn crlf_split_between_chunks() {
         let got = decode_chunks(&[b"data: a\r", b"\n\r", b"\ndata: b\r\n\r\n"]);
         assert_eq!(got, vec![ev(None, "a"), ev(None, "b")]);
+    }
+
+    #[test]
+    fn empty_read_between_cr_and_lf() {
+        // Found by the sse_decoder fuzz target: an empty read after a chunk ending in `\r`
+        // used to forget the `\r`, so the `\n` that followed counted as a blank line.
+        let got = decode_chunks(&[b"data: a\r", b"", b"\ndata: b\n\n"]);
+        assert_eq!(got, vec![ev(None, "a\nb")]);
     }
 
     #[test]
