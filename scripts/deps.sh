@@ -30,7 +30,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # Debian starts the packaged services; the tests run their own instances.
   if printf '%s\n' "${need_apt[@]}" | grep -qx prometheus; then
     $sudo systemctl stop prometheus prometheus-node-exporter >/dev/null 2>&1 || true
-    $sudo pkill -x prometheus >/dev/null 2>&1 || true
+    $sudo pkill -u prometheus -x prometheus >/dev/null 2>&1 || true   # the packaged one only
   fi
 fi
 

@@ -6,7 +6,16 @@
 //! appear only by their public id.
 
 use log::{LevelFilter, Log, Metadata, Record};
+use std::cell::RefCell;
 use std::io::Write;
+
+/// A line longer than this does not keep its buffer for the next record.
+const MAX_KEPT_LINE: usize = 16 * 1024;
+
+thread_local! {
+    /// The line being formatted, reused across records of one thread.
+    static LINE: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 struct Logger {
     default: LevelFilter,
@@ -33,14 +42,25 @@ impl Log for Logger {
             return;
         }
         let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ");
-        let mut err = std::io::stderr().lock();
-        let _ = writeln!(
-            err,
-            "{now} {:<5} {} {}",
-            record.level(),
-            record.target(),
-            record.args()
-        );
+        // Stderr is unbuffered: formatting straight into it costs one write(2) per fragment
+        // (dozens per access-log line). Format into a per-thread buffer, write it once.
+        LINE.with(|line| {
+            let Ok(mut line) = line.try_borrow_mut() else {
+                return; // a Display impl that logs while being formatted: drop the inner record
+            };
+            line.clear();
+            let _ = writeln!(
+                line,
+                "{now} {:<5} {} {}",
+                record.level(),
+                record.target(),
+                record.args()
+            );
+            let _ = std::io::stderr().lock().write_all(&line);
+            if line.capacity() > MAX_KEPT_LINE {
+                *line = Vec::new();
+            }
+        });
     }
 
     fn flush(&self) {

@@ -1,6 +1,6 @@
 //! `bare-forwarder --listen ADDR --upstream ADDR [--threads N]`: pingora-proxy with nothing but
 //! `upstream_peer`, the same pingora build as Quipu. The benchmark's floor for anything built on
-//! this framework (benches/README.md).
+//! this framework (docs/benchmarks.md).
 
 use async_trait::async_trait;
 use clap::Parser;
