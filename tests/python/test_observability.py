@@ -167,6 +167,22 @@ def test_every_panel_query_returns_data(live):
     )
 
 
+def test_gauges_moved_under_traffic(live):
+    """The unlabelled gauges exist (at 0) from start-up, so "returns data" proves nothing about
+    them: each must have been above zero in some scrape while the concurrent streams ran."""
+    for expr in (
+        "sum(quipu_streams_open)",
+        'sum(quipu_requests_in_flight{route=~"chat|messages"})',
+        "quipu_reservations_open",
+        "sum(quipu_upstream_in_flight)",
+    ):
+        q = f"max_over_time(({expr})[{live.rate_interval}:1s])"
+        r = live.prom.query(q, at=live.at)
+        assert r.get("status") == "success", r
+        values = [float(s["value"][1]) for s in r["data"]["result"]]
+        assert values and max(values) > 0, f"{expr} never rose above 0 under traffic: {r}"
+
+
 def _series(live: Live, dash: str, title: str, ref: str = "A") -> list[dict]:
     for d, t, r, expr in obs.panel_targets(obs.load_dashboards()):
         if (d, t, r) == (dash, title, ref):
