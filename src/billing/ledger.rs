@@ -6,6 +6,13 @@
 //! and writes it in store transactions of up to `batch_rows` rows, keyed by request id, so a
 //! retried batch never charges twice. A failed write is retried with backoff, rows kept.
 //!
+//! A row the store can never write (an invalid value, an unknown tenant) must not hold up the
+//! rows behind it: such rows are caught before the write where possible, and a batch the store
+//! refuses as invalid is split until the bad row is alone. That row goes to the store's
+//! dead-letter table (`ledger_rejects`), is logged at error level with its full contents and
+//! counted (`quipu_ledger_rows_total{result="rejected"}`); its charge is not applied, for the
+//! operator to settle by hand. Only transient failures are retried.
+//!
 //! Durability: a graceful shutdown (SIGTERM, or the end of a graceful upgrade) drains the queue
 //! before the process exits. A crash loses at most the rows of the last `flush_interval`
 //! (50 ms by default) plus, while the store is unreachable, the rows queued meanwhile.
@@ -13,9 +20,11 @@
 use super::accounts::Accounts;
 use crate::metrics::m;
 use crate::money::Pen;
+use crate::store::StoreError;
 use crate::store::{LedgerRow, Store, TenantId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +33,19 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 struct Queue {
     rows: Mutex<Vec<LedgerRow>>,
+    /// Rows the writer has taken but not yet written (they are still owed to the store).
+    taken: AtomicUsize,
+}
+
+impl Queue {
+    /// Rows not yet in the store: queued plus taken by the writer.
+    fn pending(&self) -> usize {
+        self.rows.lock().len() + self.taken.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self) {
+        m().ledger_queue.set(self.pending() as i64);
+    }
 }
 
 /// Hands rows to the writer. Cheap to clone.
@@ -38,9 +60,9 @@ impl LedgerHandle {
         self.queue.rows.lock().push(row);
     }
 
-    /// Rows not yet taken by the writer.
+    /// Rows not yet written: queued, or taken by the writer and not yet in the store.
     pub fn queued(&self) -> usize {
-        self.queue.rows.lock().len()
+        self.queue.pending()
     }
 }
 
@@ -97,16 +119,57 @@ impl LedgerWriter {
 
     async fn drain(&self) {
         let mut rows = std::mem::take(&mut *self.queue.rows.lock());
-        m().ledger_queue.set(rows.len() as i64);
+        self.queue.taken.store(rows.len(), Ordering::Relaxed);
+        self.queue.publish();
         while !rows.is_empty() {
             let rest = rows.split_off(rows.len().min(self.batch_rows));
-            self.write(&rows).await;
+            let n = rows.len();
+            self.write(rows).await;
+            self.queue.taken.fetch_sub(n, Ordering::Relaxed);
+            self.queue.publish();
             rows = rest;
         }
-        m().ledger_queue.set(self.queue.rows.lock().len() as i64);
+        self.queue.publish();
     }
 
-    async fn write(&self, batch: &[LedgerRow]) {
+    /// Writes a batch; rows that can never be written are set aside (see the module docs).
+    async fn write(&self, batch: Vec<LedgerRow>) {
+        let (good, bad): (Vec<LedgerRow>, Vec<LedgerRow>) = batch
+            .into_iter()
+            .partition(|r| crate::store::validate_row(r).is_ok());
+        for row in bad {
+            let reason = crate::store::validate_row(&row)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            self.reject(row, &reason).await;
+        }
+        // Halves still to write, in order (the last is next).
+        let mut todo = vec![good];
+        while let Some(batch) = todo.pop() {
+            if batch.is_empty() {
+                continue;
+            }
+            match self.write_retrying(&batch).await {
+                Ok(()) => {}
+                Err(e) if batch.len() == 1 => {
+                    let reason = e.to_string();
+                    if let Some(row) = batch.into_iter().next() {
+                        self.reject(row, &reason).await;
+                    }
+                }
+                Err(_) => {
+                    let mut first = batch;
+                    let second = first.split_off(first.len() / 2);
+                    todo.push(second);
+                    todo.push(first);
+                }
+            }
+        }
+    }
+
+    /// Writes a batch, retrying transient failures; returns a permanent one.
+    async fn write_retrying(&self, batch: &[LedgerRow]) -> Result<(), StoreError> {
         let mut backoff = Duration::from_millis(50);
         loop {
             let started = Instant::now();
@@ -127,12 +190,26 @@ impl LedgerWriter {
                     for (tenant, charged) in per_tenant {
                         self.accounts.flushed(tenant, charged);
                     }
-                    return;
+                    return Ok(());
+                }
+                Err(e) if !e.is_transient() => {
+                    m().ledger_flush_seconds
+                        .with_label_values(&["error"])
+                        .observe(started.elapsed().as_secs_f64());
+                    if batch.len() > 1 {
+                        log::warn!(
+                            "the store refused a ledger batch of {} rows ({e}); splitting it to find the bad row",
+                            batch.len()
+                        );
+                    }
+                    return Err(e);
                 }
                 Err(e) => {
                     m().ledger_flush_seconds
                         .with_label_values(&["error"])
                         .observe(started.elapsed().as_secs_f64());
+                    // Rows are still arriving while the store is away: keep the gauge true.
+                    self.queue.publish();
                     log::error!(
                         "ledger write of {} rows failed, retrying in {backoff:?}: {e}",
                         batch.len()
@@ -142,5 +219,41 @@ impl LedgerWriter {
                 }
             }
         }
+    }
+
+    /// Puts a row the store refused into the dead-letter table (retrying transient failures).
+    async fn reject(&self, row: LedgerRow, reason: &str) {
+        log::error!(
+            "ledger row {} of tenant {} cannot be written ({reason}); moved to the dead-letter table ledger_rejects, charge {} NOT applied: {}",
+            row.request_id,
+            row.tenant_id,
+            row.charge.to_decimal(),
+            row.to_json()
+        );
+        m().ledger_rows.with_label_values(&["rejected"]).inc();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.store.reject(&row, reason).await {
+                Ok(()) => break,
+                Err(e) if e.is_transient() => {
+                    self.queue.publish();
+                    log::error!(
+                        "storing rejected ledger row {} failed, retrying in {backoff:?}: {e}",
+                        row.request_id
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    // The error log above holds the row: it is the record of last resort.
+                    log::error!(
+                        "storing rejected ledger row {} failed for good: {e}",
+                        row.request_id
+                    );
+                    break;
+                }
+            }
+        }
+        self.accounts.abandoned(row.tenant_id, row.charge);
     }
 }

@@ -23,6 +23,8 @@ use crate::billing::{Accounts, LedgerHandle, Reservation};
 use crate::catalog::Catalog;
 use crate::config::{Config, ModelId};
 use crate::error::ClientFormat;
+use crate::metrics::m;
+use crate::money::Pen;
 use crate::ratelimit::RateLimiter;
 use crate::store::{now_ms, LedgerRow};
 use crate::upstream::ModelPool;
@@ -86,7 +88,135 @@ pub struct RequestCtx {
     pub attempts: u32,
     /// Time spent waiting on the upstream (to report the gateway's own overhead).
     pub upstream_time: Duration,
+    /// `api`: input tokens billed if the upstream reports none (see `api::prompt_bounds`).
+    pub prompt_estimate: u64,
+    /// `api`, with the reservation: settles the request from `Drop` if `logging` never runs
+    /// (a panicking task), so metered usage is still billed. `settle` disarms it.
+    settlement_fallback: Option<SettlementFallback>,
     counted_in_flight: bool,
+}
+
+/// What settling a request needs beyond its context (see `RequestCtx::settlement_fallback`).
+struct SettlementFallback {
+    config: Arc<Config>,
+    accounts: Arc<Accounts>,
+    ledger: LedgerHandle,
+}
+
+impl std::fmt::Debug for SettlementFallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SettlementFallback")
+    }
+}
+
+impl RequestCtx {
+    /// Called once the reservation is held.
+    pub fn arm_settlement_fallback(&mut self, gw: &Gateway) {
+        self.settlement_fallback = Some(SettlementFallback {
+            config: gw.config.clone(),
+            accounts: gw.accounts.clone(),
+            ledger: gw.ledger.clone(),
+        });
+    }
+}
+
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        // Settlement happens once: `settle` takes the reservation, so this only acts when
+        // `logging` never ran for an admitted request.
+        if self.reservation.is_none() {
+            return;
+        }
+        if let Some(f) = self.settlement_fallback.take() {
+            log::error!(
+                "request {} ended without reaching logging (a panic?); settling it now",
+                self.request_id
+            );
+            if self.outcome == "ok" {
+                self.outcome = "internal_error";
+            }
+            settle_money(&f.config, &f.accounts, &f.ledger, self);
+        }
+    }
+}
+
+/// The money part of settling a request, shared by `logging` and the `Drop` fallback: takes
+/// the reservation, bills the usage — capped at the reservation, with an estimate of the input
+/// when the upstream reported none — and queues the ledger row. Returns what was billed (usage
+/// and charge) for the caller's metrics, or `None` if nothing was reserved.
+///
+/// Usage is first clamped to sane bounds (no count above the model's context window), so a
+/// broken upstream report cannot produce a row the store must refuse.
+fn settle_money(
+    config: &Config,
+    accounts: &Accounts,
+    ledger: &LedgerHandle,
+    ctx: &mut RequestCtx,
+) -> Option<(Arc<Principal>, ModelId, Usage, Pen)> {
+    let reservation = ctx.reservation.take()?;
+    let (Some(p), Some(model_id)) = (ctx.principal.clone(), ctx.model) else {
+        accounts.settle(reservation, Pen::ZERO);
+        return None;
+    };
+    let model = &config.models[model_id];
+    let cap = model.context_window;
+    let mut usage = ctx.usage.unwrap_or_default();
+    usage.prompt_tokens = usage.prompt_tokens.min(cap);
+    usage.cached_tokens = usage.cached_tokens.min(cap);
+    usage.completion_tokens = usage.completion_tokens.min(cap);
+    // The upstream answered but reported no input (a cut stream, usage only at the end): a
+    // real prompt is never 0 tokens, so bill the estimate made at admission.
+    let input_estimated = ctx.usage.is_some() && usage.prompt_tokens == 0;
+    if input_estimated {
+        usage.prompt_tokens = ctx.prompt_estimate;
+        usage.cached_tokens = 0;
+        m().input_estimated
+            .with_label_values(&[model.slug.as_str()])
+            .inc();
+    }
+    let full = model.prices.charge(
+        usage.uncached_input(),
+        usage.cached(),
+        usage.completion_tokens,
+    );
+    let reserved = reservation.amount;
+    let charge = accounts.settle(reservation, full);
+    let unbilled = full - charge;
+    if unbilled > Pen::ZERO {
+        log::warn!(
+            "request {} of tenant {} on {}: its tokens cost {} but only {} was reserved; billed the reservation, {} unbilled (in={} cached={} out={})",
+            ctx.request_id,
+            p.tenant_name,
+            model.slug,
+            full.to_decimal(),
+            reserved.to_decimal(),
+            unbilled.to_decimal(),
+            usage.prompt_tokens,
+            usage.cached(),
+            usage.completion_tokens
+        );
+        m().unbilled_pen
+            .with_label_values(&[model.slug.as_str()])
+            .inc_by(unbilled.picos() as f64 / 1e12);
+    }
+    ledger.record(LedgerRow {
+        request_id: ctx.request_id.clone(),
+        at: now_ms(),
+        tenant_id: p.tenant_id,
+        key_id: p.key_id.clone(),
+        model: model.slug.clone(),
+        format: ctx.format.as_str().to_owned(),
+        input_tokens: usage.prompt_tokens,
+        cached_tokens: usage.cached(),
+        output_tokens: usage.completion_tokens,
+        charge,
+        status: ctx.outcome.to_owned(),
+        http_status: ctx.status,
+        unbilled,
+        input_estimated,
+    });
+    ctx.usage = Some(usage);
+    Some((p, model_id, usage, charge))
 }
 
 /// A time-ordered, unique request id: `req_` + 12 hex digits of milliseconds + 16 random.
@@ -113,6 +243,8 @@ impl Default for RequestCtx {
             replica: None,
             attempts: 0,
             upstream_time: Duration::ZERO,
+            prompt_estimate: 0,
+            settlement_fallback: None,
             counted_in_flight: false,
         }
     }
@@ -194,36 +326,14 @@ impl ProxyHttp for Gateway {
 impl Gateway {
     /// Replaces the reservation by the real charge and queues the ledger row.
     fn settle(&self, ctx: &mut RequestCtx) {
-        let Some(reservation) = ctx.reservation.take() else {
-            return;
-        };
-        let (Some(p), Some(model_id)) = (ctx.principal.as_ref(), ctx.model) else {
-            self.accounts.settle(reservation, crate::money::Pen::ZERO);
+        ctx.settlement_fallback = None;
+        let Some((p, model_id, usage, charge)) =
+            settle_money(&self.config, &self.accounts, &self.ledger, ctx)
+        else {
             return;
         };
         let model = &self.config.models[model_id];
-        let usage = ctx.usage.unwrap_or_default();
-        let charge = model.prices.charge(
-            usage.uncached_input(),
-            usage.cached(),
-            usage.completion_tokens,
-        );
-        self.accounts.settle(reservation, charge);
-        self.limits.consumed(p, usage.total());
-        self.ledger.record(LedgerRow {
-            request_id: ctx.request_id.clone(),
-            at: now_ms(),
-            tenant_id: p.tenant_id,
-            key_id: p.key_id.clone(),
-            model: model.slug.clone(),
-            format: ctx.format.as_str().to_owned(),
-            input_tokens: usage.prompt_tokens,
-            cached_tokens: usage.cached(),
-            output_tokens: usage.completion_tokens,
-            charge,
-            status: ctx.outcome.to_owned(),
-            http_status: ctx.status,
-        });
+        self.limits.consumed(&p, usage.total());
         let tokens = [
             usage.uncached_input(),
             usage.cached(),
