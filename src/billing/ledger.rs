@@ -257,3 +257,79 @@ impl LedgerWriter {
         self.accounts.abandoned(row.tenant_id, row.charge);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+
+    fn row(id: &str, tenant: TenantId, picos: i128) -> LedgerRow {
+        LedgerRow {
+            request_id: id.into(),
+            at: crate::store::now_ms(),
+            tenant_id: tenant,
+            key_id: "key_x".into(),
+            model: "colibri".into(),
+            format: "chat".into(),
+            input_tokens: 10,
+            cached_tokens: 0,
+            output_tokens: 5,
+            charge: Pen::from_picos(picos),
+            status: "ok".into(),
+            http_status: 200,
+            unbilled: Pen::ZERO,
+            input_estimated: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_rows_are_set_aside_and_the_rows_behind_them_are_written() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
+        let t = store.create_tenant("acme").await.unwrap().id;
+        store.top_up(t, Pen::from_centimos(1000), "").await.unwrap();
+        let accounts = Accounts::new(
+            store.clone(),
+            "r1".into(),
+            Pen::from_centimos(500),
+            Duration::from_secs(15),
+        );
+        let (handle, writer) = channel(store.clone(), accounts, Duration::from_millis(5), 4);
+        let mut good = Vec::new();
+        for i in 0..10 {
+            let r = row(&format!("good-{i}"), t, 1_000_000);
+            good.push(r.clone());
+            handle.record(r);
+            if i == 3 {
+                // Caught before the write: a count no column can hold.
+                let mut huge = row("huge", t, 1_000_000);
+                huge.output_tokens = u64::MAX;
+                handle.record(huge);
+            }
+            if i == 6 {
+                // Only the store can tell: the tenant does not exist. Its batch is split
+                // until the row is alone.
+                handle.record(row("orphan", 987_654, 1_000_000));
+            }
+        }
+        assert_eq!(handle.queued(), 12);
+        let (_stop_tx, stop) = tokio::sync::watch::channel(true);
+        tokio::time::timeout(Duration::from_secs(10), writer.run(stop))
+            .await
+            .expect("the writer finished instead of retrying the bad rows forever");
+        assert_eq!(handle.queued(), 0);
+        assert_eq!(store.ledger_rows(Some(t)).await.unwrap(), good);
+        let rejected: Vec<String> = store
+            .rejected_rows()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.request_id)
+            .collect();
+        assert_eq!(rejected.len(), 2);
+        assert!(rejected.contains(&"huge".to_owned()) && rejected.contains(&"orphan".to_owned()));
+        assert_eq!(
+            store.balance(t).await.unwrap().balance,
+            Pen::from_centimos(1000) - Pen::from_picos(10_000_000)
+        );
+    }
+}

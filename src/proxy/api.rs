@@ -413,3 +413,47 @@ async fn count_tokens(
 
 /// How long a non-streaming upstream error body may take to arrive.
 pub const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, EMBEDDED_DEFAULT};
+    use serde_json::json;
+
+    fn bounds(body: serde_json::Value) -> (UpstreamRequest, (u64, u64)) {
+        let c = Config::parse(EMBEDDED_DEFAULT, "test").unwrap();
+        let req = chat::chat_to_upstream(&serde_json::to_vec(&body).unwrap(), &c).unwrap();
+        let window = c.models[req.model].context_window;
+        let b = prompt_bounds(&req, window);
+        (req, b)
+    }
+
+    #[test]
+    fn text_is_bounded_by_its_bytes_and_an_image_by_the_window() {
+        let text = json!({"model": "aguila", "max_tokens": 1000,
+            "messages": [{"role": "user", "content": "hola, ¿qué tal?"}]});
+        let (req, (worst, estimate)) = bounds(text);
+        let bytes = req.prompt_bytes as u64;
+        assert_eq!(worst, bytes + TEMPLATE_ALLOWANCE);
+        assert_eq!(estimate, bytes / PROMPT_BYTES_PER_TOKEN);
+        // A few bytes of URL can be thousands of image tokens: the whole bound is reserved.
+        let image = json!({"model": "aguila", "max_tokens": 1000, "messages": [{"role": "user",
+            "content": [{"type": "text", "text": "what is it"},
+                        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]});
+        let (req, (worst, estimate)) = bounds(image);
+        assert_eq!(worst, 131_072 - 1000);
+        assert_eq!(estimate, req.prompt_bytes as u64 / PROMPT_BYTES_PER_TOKEN);
+        // The upstream refuses prompt + max_tokens > window, so that bound caps any estimate.
+        // (colibri: a 32,768-token window; max_tokens is clamped to 8,192.)
+        let long = json!({"model": "colibri", "max_tokens": 8192,
+            "messages": [{"role": "user", "content": "x".repeat(30_000)}]});
+        let (req, (worst, estimate)) = bounds(long);
+        assert_eq!(worst, 32_768 - 8192);
+        assert_eq!(estimate, req.prompt_bytes as u64 / PROMPT_BYTES_PER_TOKEN);
+        // The text of a message cannot fake an image part.
+        let fake = json!({"model": "aguila", "max_tokens": 1000,
+            "messages": [{"role": "user", "content": "say \"image_url\" twice"}]});
+        let (req, (worst, _)) = bounds(fake);
+        assert_eq!(worst, req.prompt_bytes as u64 + TEMPLATE_ALLOWANCE);
+    }
+}
