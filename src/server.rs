@@ -142,6 +142,12 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     m().build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION"), store.kind()])
         .set(1);
+    for model in &config.models {
+        // Exported at 0 from the start, so an alert can fire on the first increase.
+        m().unbilled_pen.with_label_values(&[model.slug.as_str()]);
+        m().input_estimated
+            .with_label_values(&[model.slug.as_str()]);
+    }
 
     let mut conf = ServerConf {
         threads: config.server.threads,
