@@ -11,7 +11,7 @@
 //! | GET | `/admin/keys` | `?tenant=` | list keys |
 //! | POST | `/admin/keys` | `{"tenant","label"?,"rpm"?,"tpm"?}` | create a key (secret returned once) |
 //! | POST | `/admin/keys/{id}/revoke` | | revoke a key |
-//! | POST | `/admin/topups` | `{"tenant","amount","note"?}` | top up (amount as a decimal string) |
+//! | POST | `/admin/topups` | `{"tenant","amount","note"?,"idempotency_key"?}` | top up (amount as a decimal string; a repeated key adds nothing) |
 //! | GET | `/admin/statement` | `?tenant=&from=&to=` | a statement |
 
 use crate::config::Config;
@@ -65,6 +65,9 @@ struct NewTopUp {
     amount: String,
     #[serde(default)]
     note: String,
+    /// Makes a retried POST safe: the same key tops up once.
+    #[serde(default)]
+    idempotency_key: Option<String>,
 }
 
 fn reply(status: u16, body: serde_json::Value) -> http::Response<Vec<u8>> {
@@ -217,6 +220,7 @@ impl ServeHttp for AdminApp {
                         &t.amount,
                         &t.note,
                         self.config.billing.min_top_up,
+                        t.idempotency_key.as_deref(),
                     )
                     .await
                     .map(|r| Output::of(&r)),

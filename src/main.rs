@@ -45,6 +45,10 @@ enum Command {
         amount: String,
         #[arg(long, default_value = "")]
         note: String,
+        /// Any unique string (e.g. the payment's id): running the command again with the same
+        /// key adds nothing, so a retry after a lost reply cannot credit twice.
+        #[arg(long)]
+        idempotency_key: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -52,10 +56,10 @@ enum Command {
     Statement {
         #[arg(long)]
         tenant: String,
-        /// Start date, YYYY-MM-DD or RFC 3339 (inclusive).
+        /// Start: YYYY-MM-DD (from the start of that day, UTC) or an RFC 3339 time (inclusive).
         #[arg(long)]
         from: Option<String>,
-        /// End date, YYYY-MM-DD or RFC 3339 (exclusive).
+        /// End: YYYY-MM-DD includes that whole day (UTC); an RFC 3339 time is exclusive.
         #[arg(long)]
         to: Option<String>,
         #[arg(long)]
@@ -240,11 +244,20 @@ fn main() -> ExitCode {
             tenant,
             amount,
             note,
+            idempotency_key,
             json,
         } => {
             let min = config.billing.min_top_up;
             run_op(&config, json, move |s| async move {
-                ops::top_up(s.as_ref(), &tenant, &amount, &note, min).await
+                ops::top_up(
+                    s.as_ref(),
+                    &tenant,
+                    &amount,
+                    &note,
+                    min,
+                    idempotency_key.as_deref(),
+                )
+                .await
             })
         }
         Command::Statement {

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub billing_refused: IntCounterVec,
     pub tokens: IntCounterVec,
     pub spend_pen: prometheus::CounterVec,
+    pub unbilled_pen: prometheus::CounterVec,
+    pub input_estimated: IntCounterVec,
     pub reservations_open: IntGauge,
     pub reserved_pen: Gauge,
     pub upstream_healthy: IntGaugeVec,
@@ -156,6 +158,19 @@ impl Metrics {
                 &["tenant", "model"],
             )
             .expect("valid counter"),
+            unbilled_pen: prometheus::CounterVec::new(
+                Opts::new(
+                    "quipu_unbilled_pen_total",
+                    "Soles that requests' tokens cost beyond their reservation, which caps every charge: not billed (dashboards only; the ledger's unbilled column is exact)",
+                ),
+                &["model"],
+            )
+            .expect("valid counter"),
+            input_estimated: counter(
+                "quipu_input_tokens_estimated_total",
+                "Requests billed an estimate of their input tokens because the upstream reported none (a cut stream)",
+                &["model"],
+            ),
             reservations_open: IntGauge::new(
                 "quipu_reservations_open",
                 "Admitted requests whose worst-case cost is reserved",
@@ -214,7 +229,7 @@ impl Metrics {
             ),
             ledger_rows: counter(
                 "quipu_ledger_rows_total",
-                "Ledger rows written (new) or skipped as already recorded (duplicate)",
+                "Ledger rows written (new), skipped as already recorded (duplicate), or refused as invalid and moved to the dead-letter table (rejected)",
                 &["result"],
             ),
             keys_active: IntGauge::new("quipu_keys_active", "Active API keys in the snapshot")
@@ -249,6 +264,8 @@ impl Metrics {
             Box::new(self.billing_refused.clone()),
             Box::new(self.tokens.clone()),
             Box::new(self.spend_pen.clone()),
+            Box::new(self.unbilled_pen.clone()),
+            Box::new(self.input_estimated.clone()),
             Box::new(self.reservations_open.clone()),
             Box::new(self.reserved_pen.clone()),
             Box::new(self.upstream_healthy.clone()),

@@ -76,6 +76,7 @@ impl From<StoreError> for OpsError {
         match e {
             StoreError::Conflict(m) => OpsError::Conflict(m),
             StoreError::NotFound(m) => OpsError::NotFound(m),
+            StoreError::Invalid(m) => OpsError::Invalid(m),
             StoreError::Backend(m) => OpsError::Store(format!(
                 "store error: {m}; check that the database in store.url is reachable and retry"
             )),
@@ -456,10 +457,22 @@ pub struct TopUpDone {
     pub at: String,
     /// The balance right after (exact soles).
     pub balance: String,
+    /// The idempotency key had been used before: nothing was added now, and this is the
+    /// original top-up (with the balance as it is now).
+    pub replayed: bool,
 }
 
 impl Render for TopUpDone {
     fn text(&self) -> String {
+        if self.replayed {
+            return format!(
+                "Top-up {} of {} to {} was already made (same idempotency key); nothing added. Balance now {}.\n",
+                self.top_up_id,
+                soles_text(&self.amount),
+                self.tenant,
+                soles_text(&self.balance)
+            );
+        }
         format!(
             "Added {} to {} (top-up {}). Balance now {}.\n",
             soles_text(&self.amount),
@@ -502,23 +515,27 @@ pub fn parse_top_up(amount_text: &str, min_top_up: Pen) -> OpsResult<Pen> {
     Ok(amount)
 }
 
+/// Tops a tenant up. With an `idempotency_key`, retrying the same top-up (a lost reply, a
+/// re-sent POST) adds nothing the second time.
 pub async fn top_up(
     store: &dyn Store,
     tenant_name: &str,
     amount_text: &str,
     note: &str,
     min_top_up: Pen,
+    idempotency_key: Option<&str>,
 ) -> OpsResult<TopUpDone> {
     let amount = parse_top_up(amount_text, min_top_up)?;
     let tenant = tenant_id(store, tenant_name).await?;
-    let t = store.top_up(tenant, amount, note).await?;
-    let balance = store.balance(tenant).await?;
+    let key = idempotency_key.map(str::trim).filter(|k| !k.is_empty());
+    let done = store.top_up_once(tenant, amount, note, key).await?;
     Ok(TopUpDone {
-        top_up_id: t.id,
+        top_up_id: done.top_up.id,
         tenant: tenant_name.to_owned(),
-        amount: t.amount.to_decimal(),
-        at: rfc3339(t.at),
-        balance: balance.balance.to_decimal(),
+        amount: done.top_up.amount.to_decimal(),
+        at: rfc3339(done.top_up.at),
+        balance: done.balance.to_decimal(),
+        replayed: done.replayed,
     })
 }
 
@@ -1019,9 +1036,13 @@ mod tests {
             404
         );
 
-        let e = top_up(&*s, "acme", "5.00", "", min()).await.unwrap_err();
+        let e = top_up(&*s, "acme", "5.00", "", min(), None)
+            .await
+            .unwrap_err();
         assert!(e.message().contains("S/ 10.00"), "{e}");
-        let done = top_up(&*s, "acme", "1234.56", "", min()).await.unwrap();
+        let done = top_up(&*s, "acme", "1234.56", "", min(), None)
+            .await
+            .unwrap();
         assert_eq!(done.amount, "1234.56");
         assert_eq!(done.balance, "1234.56");
         assert!(done.text().contains("S/ 1,234.56"), "{}", done.text());
@@ -1036,7 +1057,7 @@ mod tests {
     async fn statement_rendering() {
         let s = mem().await;
         let t = create_tenant(&*s, "acme").await.unwrap();
-        top_up(&*s, "acme", "50.00", "", min()).await.unwrap();
+        top_up(&*s, "acme", "50.00", "", min(), None).await.unwrap();
         let now = store::now_ms();
         let row = |id: &str, model: &str, picos: i128, input: u64| LedgerRow {
             request_id: id.into(),
@@ -1051,6 +1072,8 @@ mod tests {
             charge: Pen::from_picos(picos),
             status: "ok".into(),
             http_status: 200,
+            unbilled: Pen::ZERO,
+            input_estimated: false,
         };
         s.record(
             "r1",

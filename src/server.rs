@@ -45,16 +45,24 @@ pub struct ServeFlags {
 const LEASE_STALE_MS: i64 = 30_000;
 const LEASE_HEARTBEAT: Duration = Duration::from_secs(5);
 const LEASE_IDLE_RETURN: Duration = Duration::from_secs(3);
+/// A replica stops admitting against a lease the store has not confirmed for this long: half
+/// the stale threshold, so it stops well before another replica may reclaim the lease.
+const LEASE_FENCE: Duration = Duration::from_millis(LEASE_STALE_MS as u64 / 2);
 
+/// `<configured id or hostname:pid>~<random>`: the readable part says where it runs, the random
+/// part makes every process start a distinct lease owner (two containers with pid 1 on one
+/// host network, a fixed configured id, the old and new process of a graceful upgrade), so a
+/// newcomer's startup `drop_leases` can never wipe another live process's leases.
 fn replica_id(config: &Config) -> String {
-    config.server.replica_id.clone().unwrap_or_else(|| {
+    let prefix = config.server.replica_id.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_owned())
             .ok()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "quipu".into());
         format!("{host}:{}", std::process::id())
-    })
+    });
+    format!("{prefix}~{:016x}", rand::random::<u64>())
 }
 
 struct MetricsApp;
@@ -110,7 +118,12 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     billing_rt
         .block_on(store.drop_leases(&replica))
         .map_err(|e| format!("cannot reset this replica's leases: {e}"))?;
-    let accounts = Accounts::new(store.clone(), replica.clone(), config.billing.lease_chunk);
+    let accounts = Accounts::new(
+        store.clone(),
+        replica.clone(),
+        config.billing.lease_chunk,
+        LEASE_FENCE,
+    );
     let (ledger_handle, writer) = ledger::channel(
         store.clone(),
         accounts.clone(),
@@ -125,11 +138,16 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         store.clone(),
         keys.clone(),
         accounts.clone(),
-        &replica,
     );
     m().build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION"), store.kind()])
         .set(1);
+    for model in &config.models {
+        // Exported at 0 from the start, so an alert can fire on the first increase.
+        m().unbilled_pen.with_label_values(&[model.slug.as_str()]);
+        m().input_estimated
+            .with_label_values(&[model.slug.as_str()]);
+    }
 
     let mut conf = ServerConf {
         threads: config.server.threads,
@@ -292,7 +310,6 @@ fn spawn_background(
     store: Arc<dyn Store>,
     keys: Arc<KeySnapshot>,
     accounts: Arc<Accounts>,
-    replica: &str,
 ) {
     let refresh = config.store.key_refresh;
     let key_store = store.clone();
@@ -309,7 +326,6 @@ fn spawn_background(
             m().keys_active.set(keys.len() as i64);
         }
     });
-    let replica = replica.to_owned();
     rt.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut n: u64 = 0;
@@ -320,7 +336,7 @@ fn spawn_background(
             m().reserved_pen.set(totals.reserved.picos() as f64 / 1e12);
             accounts.return_idle_leases(LEASE_IDLE_RETURN).await;
             if n % LEASE_HEARTBEAT.as_secs() == 0 {
-                if let Err(e) = store.heartbeat(&replica).await {
+                if let Err(e) = accounts.heartbeat().await {
                     log::warn!("lease heartbeat failed: {e}");
                 }
                 if let Err(e) = store.reclaim_stale_leases(LEASE_STALE_MS).await {

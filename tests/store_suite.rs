@@ -203,6 +203,13 @@ store_suite!(
     statement_totals_equal_the_ledger,
     balance_beyond_i64_round_trips,
     sums_of_large_entries_do_not_overflow,
+    top_ups_with_an_idempotency_key_credit_once,
+    invalid_rows_are_refused_as_invalid_and_set_aside,
+    two_replicas_never_spend_more_than_the_balance,
+    heartbeats_reconcile_local_leases_with_the_store,
+    a_lease_unconfirmed_past_the_fence_admits_nothing,
+    returning_an_idle_lease_never_races_an_admission,
+    a_dry_tenant_costs_one_lease_call_not_one_per_refusal,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -234,6 +241,8 @@ fn row(id: &str, tenant: TenantId, at: i64, model: &str, charge: Pen) -> LedgerR
         charge,
         status: "ok".into(),
         http_status: 200,
+        unbilled: Pen::ZERO,
+        input_estimated: false,
     }
 }
 
@@ -623,58 +632,108 @@ async fn concurrent_leases_never_exceed_the_balance(fx: &Fixture) {
     assert_eq!(list[0].leased, b.leased);
 }
 
+/// `Σ leases ≤ balance`, read in one call.
+async fn assert_leases_covered(s: &dyn Store, t: TenantId, context: &str) -> store::Balance {
+    let b = s.balance(t).await.unwrap();
+    assert!(
+        b.leased <= b.balance && b.balance >= Pen::ZERO,
+        "{context}: leases {} exceed the balance {}",
+        b.leased.to_decimal(),
+        b.balance.to_decimal()
+    );
+    b
+}
+
 async fn record_reduces_lease_and_balance(fx: &Fixture) {
     let s = fx.open().await;
     let t = tenant_with(&*s, "acme", "10").await;
     let now = store::now_ms();
+    // Two replicas hold the whole balance between them.
     assert_eq!(
         s.acquire_lease("r1", t, soles("4")).await.unwrap(),
         soles("4")
     );
+    assert_eq!(
+        s.acquire_lease("r2", t, soles("100")).await.unwrap(),
+        soles("6")
+    );
+    assert_leases_covered(&*s, t, "after leasing").await;
 
+    // A charge lowers the balance and the recording replica's lease alike, so the other
+    // replica's lease stays covered.
     assert_eq!(
         s.record("r1", &[row("a", t, now, "colibri", soles("1.5"))])
             .await
             .unwrap(),
         1
     );
-    let b = s.balance(t).await.unwrap();
-    assert_eq!((b.balance, b.leased), (soles("8.5"), soles("2.5")));
-
-    // A charge beyond the lease empties it, not below zero.
-    s.record("r1", &[row("b", t, now, "colibri", soles("5"))])
+    let b = assert_leases_covered(&*s, t, "after r1's charge").await;
+    assert_eq!((b.balance, b.leased), (soles("8.5"), soles("8.5")));
+    s.record("r2", &[row("b", t, now, "colibri", soles("6"))])
         .await
         .unwrap();
-    let b = s.balance(t).await.unwrap();
-    assert_eq!((b.balance, b.leased), (soles("3.5"), Pen::ZERO));
+    let b = assert_leases_covered(&*s, t, "after r2 spent its whole lease").await;
+    assert_eq!((b.balance, b.leased), (soles("2.5"), soles("2.5")));
+    // Nothing is left to lease while r1 holds the rest.
+    assert_eq!(
+        s.acquire_lease("r2", t, soles("1")).await.unwrap(),
+        Pen::ZERO
+    );
 
-    // Another replica leases the rest, gives part back, then all of it.
+    // r1 gives part back; r2 takes it; both spend; the invariant holds at every step.
+    s.release_lease("r1", t, soles("1")).await.unwrap();
+    assert_leases_covered(&*s, t, "after a release").await;
     assert_eq!(
         s.acquire_lease("r2", t, soles("100")).await.unwrap(),
-        soles("3.5")
+        soles("1")
     );
-    s.release_lease("r2", t, soles("1")).await.unwrap();
-    assert_eq!(s.balance(t).await.unwrap().leased, soles("2.5"));
-    s.release_lease("r2", t, soles("100")).await.unwrap();
-    assert_eq!(s.balance(t).await.unwrap().leased, Pen::ZERO);
-    // Releasing what one does not hold is harmless.
+    s.record("r2", &[row("c", t, now, "colibri", soles("0.25"))])
+        .await
+        .unwrap();
+    s.record("r1", &[row("d", t, now, "colibri", soles("1.5"))])
+        .await
+        .unwrap();
+    let b = assert_leases_covered(&*s, t, "after both spent").await;
+    assert_eq!((b.balance, b.leased), (soles("0.75"), soles("0.75")));
+    // Replaying charges moves nothing.
+    s.record(
+        "r1",
+        &[
+            row("a", t, now, "colibri", soles("1.5")),
+            row("d", t, now, "colibri", soles("1.5")),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(s.balance(t).await.unwrap(), b);
+
+    // Releasing what one does not hold is harmless; releasing more than held empties it.
     s.release_lease("r9", t, soles("1")).await.unwrap();
+    s.release_lease("r2", t, soles("100")).await.unwrap();
+    let b = assert_leases_covered(&*s, t, "after r2 returned all").await;
+    assert_eq!((b.balance, b.leased), (soles("0.75"), Pen::ZERO));
+    // A heartbeat answers with the replica's leases as stored.
+    assert_eq!(s.heartbeat("r1").await.unwrap(), vec![(t, Pen::ZERO)]);
+    assert_eq!(s.heartbeat("r2").await.unwrap(), vec![(t, Pen::ZERO)]);
+    assert!(s.heartbeat("r9").await.unwrap().is_empty());
 
     // A replica without a lease still records: the balance drops, no lease moves.
     assert_eq!(
-        s.acquire_lease("r1", t, soles("1")).await.unwrap(),
-        soles("1")
+        s.acquire_lease("r1", t, soles("0.5")).await.unwrap(),
+        soles("0.5")
     );
-    s.record("r3", &[row("c", t, now, "colibri", soles("0.5"))])
+    s.record("r3", &[row("e", t, now, "colibri", soles("0.25"))])
         .await
         .unwrap();
-    let b = s.balance(t).await.unwrap();
-    assert_eq!((b.balance, b.leased), (soles("3"), soles("1")));
-    // Replaying the charge moves nothing.
-    s.record("r1", &[row("c", t, now, "colibri", soles("0.5"))])
+    let b = assert_leases_covered(&*s, t, "after an unleased charge").await;
+    assert_eq!((b.balance, b.leased), (soles("0.5"), soles("0.5")));
+    // A charge beyond the recording replica's lease empties it, not below zero. (Quipu never
+    // records one: `Accounts` caps every charge at its reservation, which its lease covers.)
+    s.record("r1", &[row("f", t, now, "colibri", soles("0.5"))])
         .await
         .unwrap();
-    assert_eq!(s.balance(t).await.unwrap(), b);
+    let b = assert_leases_covered(&*s, t, "at the end").await;
+    assert_eq!((b.balance, b.leased), (Pen::ZERO, Pen::ZERO));
 }
 
 async fn stale_leases_are_reclaimed(fx: &Fixture) {
@@ -901,4 +960,415 @@ async fn sums_of_large_entries_do_not_overflow(fx: &Fixture) {
         s.acquire_lease("r1", t, soles("1")).await.unwrap(),
         Pen::ZERO
     );
+}
+
+async fn top_ups_with_an_idempotency_key_credit_once(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = s.create_tenant("acme").await.unwrap().id;
+    let u = s.create_tenant("beta").await.unwrap().id;
+    let first = s
+        .top_up_once(t, soles("25.00"), "bank transfer", Some("pay-123"))
+        .await
+        .unwrap();
+    assert!(!first.replayed);
+    assert_eq!(first.balance, soles("25.00"));
+    // The retried call (a lost reply) credits nothing and answers with the first top-up.
+    let again = s
+        .top_up_once(t, soles("25.00"), "bank transfer", Some("pay-123"))
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.top_up, first.top_up);
+    assert_eq!(again.balance, soles("25.00"));
+    // The same key for another amount or tenant is a conflict, not a credit.
+    for (tenant, amount) in [(t, soles("30.00")), (u, soles("25.00"))] {
+        let r = s.top_up_once(tenant, amount, "", Some("pay-123")).await;
+        assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+    }
+    // Without a key every call credits; the balance comes back from the same transaction.
+    let other = s.top_up_once(t, soles("10.00"), "", None).await.unwrap();
+    assert_eq!(other.balance, soles("35.00"));
+    assert!(matches!(
+        s.top_up_once(t, soles("10.00"), "", Some("")).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert_eq!(s.balance(t).await.unwrap().balance, soles("35.00"));
+    assert_eq!(s.balance(u).await.unwrap().balance, Pen::ZERO);
+    let st = s.statement(t, None, None).await.unwrap();
+    assert_eq!(st.top_ups.len(), 2);
+    assert_eq!(st.total_top_ups, soles("35.00"));
+}
+
+async fn invalid_rows_are_refused_as_invalid_and_set_aside(fx: &Fixture) {
+    let s = fx.open().await;
+    let t = tenant_with(&*s, "acme", "10").await;
+    let now = store::now_ms();
+    let good = row("good", t, now, "colibri", soles("1"));
+    let mut huge = row("huge", t, now, "colibri", soles("1"));
+    huge.output_tokens = u64::MAX;
+    let negative = row("negative", t, now, "colibri", -soles("1"));
+    let orphan = row("orphan", 987_654, now, "colibri", soles("1"));
+    // Invalid input is told apart from a failing database: retrying cannot help.
+    for bad in [&huge, &negative] {
+        let e = s
+            .record("r1", &[good.clone(), bad.clone()])
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");
+        assert!(!e.is_transient());
+        assert!(store::validate_row(bad).is_err());
+    }
+    let e = s
+        .record("r1", &[good.clone(), orphan.clone()])
+        .await
+        .unwrap_err();
+    assert!(!e.is_transient(), "{e:?}");
+    assert!(store::validate_row(&good).is_ok());
+    assert!(s.ledger_rows(Some(t)).await.unwrap().is_empty());
+
+    // The dead-letter table keeps the rows, once each, with every number intact.
+    for bad in [&huge, &negative, &huge] {
+        s.reject(bad, "does not fit").await.unwrap();
+    }
+    let rejected = s.rejected_rows().await.unwrap();
+    let ids: std::collections::BTreeSet<&str> =
+        rejected.iter().map(|r| r.request_id.as_str()).collect();
+    assert_eq!(ids, ["huge", "negative"].into_iter().collect());
+    let h = rejected.iter().find(|r| r.request_id == "huge").unwrap();
+    assert!(h.row_json.contains(&u64::MAX.to_string()), "{}", h.row_json);
+    assert_eq!((h.tenant_id, h.reason.as_str()), (t, "does not fit"));
+
+    // The good row, an unbilled amount and an estimated input round-trip.
+    let mut flagged = good.clone();
+    flagged.unbilled = Pen::from_picos(123_456_789);
+    flagged.input_estimated = true;
+    assert_eq!(s.record("r1", &[flagged.clone()]).await.unwrap(), 1);
+    assert_eq!(s.ledger_rows(Some(t)).await.unwrap(), vec![flagged]);
+    assert_eq!(s.balance(t).await.unwrap().balance, soles("9"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accounts (the replica's side of leases) over each backend
+
+use quipu::billing::{Accounts, Refusal};
+use quipu::store::{LeaseGrant, RejectedRow, TopUpOutcome};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+/// A store that can be made to fail, slowed down, and counts lease grants.
+struct Rigged {
+    inner: Arc<dyn Store>,
+    down: AtomicBool,
+    release_delay_ms: AtomicU64,
+    grants: AtomicU64,
+}
+
+impl Rigged {
+    fn new(inner: Arc<dyn Store>) -> Arc<Rigged> {
+        Arc::new(Rigged {
+            inner,
+            down: AtomicBool::new(false),
+            release_delay_ms: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+        })
+    }
+
+    fn check(&self) -> store::StoreResult<()> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend("rigged: down".into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for Rigged {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn create_tenant(&self, name: &str) -> store::StoreResult<store::Tenant> {
+        self.inner.create_tenant(name).await
+    }
+    async fn tenant_by_name(&self, name: &str) -> store::StoreResult<Option<store::Tenant>> {
+        self.inner.tenant_by_name(name).await
+    }
+    async fn list_tenants(&self) -> store::StoreResult<Vec<store::TenantSummary>> {
+        self.inner.list_tenants().await
+    }
+    async fn create_key(&self, key: NewKey) -> store::StoreResult<store::KeyInfo> {
+        self.inner.create_key(key).await
+    }
+    async fn revoke_key(&self, key_id: &str) -> store::StoreResult<bool> {
+        self.inner.revoke_key(key_id).await
+    }
+    async fn list_keys(&self, tenant: Option<TenantId>) -> store::StoreResult<Vec<store::KeyInfo>> {
+        self.inner.list_keys(tenant).await
+    }
+    async fn keys_version(&self) -> store::StoreResult<i64> {
+        self.inner.keys_version().await
+    }
+    async fn active_keys(&self) -> store::StoreResult<(i64, Vec<store::ActiveKey>)> {
+        self.inner.active_keys().await
+    }
+    async fn top_up_once(
+        &self,
+        tenant: TenantId,
+        amount: Pen,
+        note: &str,
+        key: Option<&str>,
+    ) -> store::StoreResult<TopUpOutcome> {
+        self.inner.top_up_once(tenant, amount, note, key).await
+    }
+    async fn balance(&self, tenant: TenantId) -> store::StoreResult<store::Balance> {
+        self.inner.balance(tenant).await
+    }
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> store::StoreResult<u64> {
+        self.check()?;
+        self.inner.record(replica, rows).await
+    }
+    async fn reject(&self, row: &LedgerRow, reason: &str) -> store::StoreResult<()> {
+        self.inner.reject(row, reason).await
+    }
+    async fn rejected_rows(&self) -> store::StoreResult<Vec<RejectedRow>> {
+        self.inner.rejected_rows().await
+    }
+    async fn grant_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        want: Pen,
+    ) -> store::StoreResult<LeaseGrant> {
+        self.grants.fetch_add(1, Ordering::SeqCst);
+        self.check()?;
+        self.inner.grant_lease(replica, tenant, want).await
+    }
+    async fn release_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        amount: Pen,
+    ) -> store::StoreResult<()> {
+        self.check()?;
+        let delay = self.release_delay_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        self.inner.release_lease(replica, tenant, amount).await
+    }
+    async fn heartbeat(&self, replica: &str) -> store::StoreResult<Vec<(TenantId, Pen)>> {
+        self.check()?;
+        self.inner.heartbeat(replica).await
+    }
+    async fn reclaim_stale_leases(&self, max_age_ms: i64) -> store::StoreResult<u64> {
+        self.inner.reclaim_stale_leases(max_age_ms).await
+    }
+    async fn drop_leases(&self, replica: &str) -> store::StoreResult<()> {
+        self.inner.drop_leases(replica).await
+    }
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        from: Option<i64>,
+        to: Option<i64>,
+    ) -> store::StoreResult<store::Statement> {
+        self.inner.statement(tenant, from, to).await
+    }
+    async fn ledger_rows(&self, tenant: Option<TenantId>) -> store::StoreResult<Vec<LedgerRow>> {
+        self.inner.ledger_rows(tenant).await
+    }
+}
+
+const FENCE: Duration = Duration::from_secs(15);
+
+/// Records one settled charge of `accounts` as the ledger writer does.
+async fn flush(s: &dyn Store, accounts: &Accounts, id: &str, t: TenantId, charge: Pen) {
+    let r = row(id, t, store::now_ms(), "apu", charge);
+    assert_eq!(s.record(accounts.replica(), &[r]).await.unwrap(), 1);
+    accounts.flushed(t, charge);
+}
+
+async fn two_replicas_never_spend_more_than_the_balance(fx: &Fixture) {
+    let (sa, sb) = (fx.open().await, fx.open().await);
+    let t = tenant_with(&*sa, "acme", "10.00").await;
+    // Small chunks so the replicas keep going back to the store for more.
+    let a = Accounts::new(sa.clone(), "replica-a".into(), soles("0.70"), FENCE);
+    let b = Accounts::new(sb.clone(), "replica-b".into(), soles("0.70"), FENCE);
+    let cost = soles("0.30");
+    let mut tasks = Vec::new();
+    for i in 0..80usize {
+        let (acc, s) = if i % 2 == 0 {
+            (a.clone(), sa.clone())
+        } else {
+            (b.clone(), sb.clone())
+        };
+        tasks.push(tokio::spawn(async move {
+            match acc.reserve(t, cost).await {
+                Ok(r) => {
+                    // Every request costs exactly its worst case.
+                    assert_eq!(acc.settle(r, cost + soles("1")), cost, "capped");
+                    flush(&*s, &acc, &format!("req-{i}"), t, cost).await;
+                    let b = assert_leases_covered(&*s, t, "while spending").await;
+                    assert!(b.balance >= Pen::ZERO);
+                    true
+                }
+                Err(Refusal::Insufficient { .. }) => false,
+                Err(e) => panic!("{e:?}"),
+            }
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += u32::from(task.await.unwrap());
+    }
+    let bal = assert_leases_covered(&*sa, t, "at the end").await;
+    let spent = Pen::from_picos(cost.picos() * i128::from(admitted));
+    assert_eq!(bal.balance, soles("10.00") - spent);
+    // Once a replica was refused nothing was unleased, and nothing was returned since: what is
+    // left is stranded in the two leases, less than one request's worth in each.
+    assert!(
+        bal.balance < Pen::from_picos(cost.picos() * 2),
+        "{} left after {admitted} admissions",
+        bal.balance.to_decimal()
+    );
+    assert!(admitted >= 32, "{admitted}");
+    // Local views never exceed the store's (racing flushes can only make them smaller), and a
+    // heartbeat makes them agree.
+    assert!(a.view(t).lease + b.view(t).lease <= bal.leased);
+    a.heartbeat().await.unwrap();
+    b.heartbeat().await.unwrap();
+    assert_eq!(a.view(t).lease + b.view(t).lease, bal.leased);
+    assert_eq!(bal.leased, bal.balance);
+}
+
+async fn heartbeats_reconcile_local_leases_with_the_store(fx: &Fixture) {
+    let (sa, sb) = (fx.open().await, fx.open().await);
+    let t = tenant_with(&*sa, "acme", "10.00").await;
+    let a = Accounts::new(sa.clone(), "replica-a".into(), soles("4.00"), FENCE);
+    let b = Accounts::new(sb.clone(), "replica-b".into(), soles("10.00"), FENCE);
+    let r = a.reserve(t, soles("1.00")).await.unwrap();
+    a.settle(r, soles("1.00"));
+    flush(&*sa, &a, "one", t, soles("1.00")).await;
+    assert_eq!(a.view(t).lease, soles("3.00"));
+    a.heartbeat().await.unwrap();
+    assert_eq!(
+        a.view(t).lease,
+        soles("3.00"),
+        "a heartbeat keeps a true lease"
+    );
+
+    // Another replica reclaims a's lease (as if a had stopped heartbeating).
+    assert_eq!(sb.reclaim_stale_leases(-60_000).await.unwrap(), 1);
+    a.heartbeat().await.unwrap();
+    assert_eq!(
+        a.view(t).lease,
+        Pen::ZERO,
+        "a vanished lease is gone locally too"
+    );
+    // b leases everything; a can admit nothing more, and nobody holds more than exists.
+    let r = b.reserve(t, soles("9.00")).await.unwrap();
+    assert_eq!(
+        a.reserve(t, soles("0.01")).await.unwrap_err(),
+        Refusal::Insufficient {
+            needed: soles("0.01"),
+            available: Pen::ZERO
+        }
+    );
+    b.settle(r, soles("9.00"));
+    flush(&*sb, &b, "two", t, soles("9.00")).await;
+    assert_leases_covered(&*sa, t, "after the reclaim").await;
+    assert_eq!(sa.balance(t).await.unwrap().balance, Pen::ZERO);
+
+    // A grant whose reply was lost (a timeout after the commit) is picked up, not leaked.
+    sa.top_up(t, soles("5.00"), "").await.unwrap();
+    assert_eq!(
+        sa.acquire_lease("replica-a", t, soles("2.00"))
+            .await
+            .unwrap(),
+        soles("2.00")
+    );
+    assert_eq!(a.view(t).lease, Pen::ZERO);
+    a.heartbeat().await.unwrap();
+    assert_eq!(a.view(t).lease, soles("2.00"));
+    let r = a.reserve(t, soles("2.00")).await.unwrap();
+    assert_eq!(sa.balance(t).await.unwrap().leased, soles("2.00"), "no I/O");
+    a.settle(r, soles("0.50"));
+    flush(&*sa, &a, "three", t, soles("0.50")).await;
+    a.heartbeat().await.unwrap();
+    assert_eq!(a.view(t).lease, soles("1.50"));
+    assert_eq!(sa.balance(t).await.unwrap().leased, soles("1.50"));
+}
+
+async fn a_lease_unconfirmed_past_the_fence_admits_nothing(fx: &Fixture) {
+    let s = Rigged::new(fx.open().await);
+    let t = tenant_with(&*s, "acme", "10.00").await;
+    let fence = Duration::from_millis(400);
+    let a = Accounts::new(s.clone(), "replica-a".into(), soles("5.00"), fence);
+    drop(a.reserve(t, soles("1.00")).await.unwrap());
+    let grants = s.grants.load(Ordering::SeqCst);
+    // The store goes away: within the fence the lease is still used, without I/O.
+    s.down.store(true, Ordering::SeqCst);
+    drop(a.reserve(t, soles("1.00")).await.unwrap());
+    assert_eq!(s.grants.load(Ordering::SeqCst), grants);
+    assert!(a.heartbeat().await.is_err());
+    // Past the fence the lease may have been reclaimed: nothing is admitted against it.
+    tokio::time::sleep(fence + Duration::from_millis(50)).await;
+    let e = a.reserve(t, soles("1.00")).await.unwrap_err();
+    assert!(matches!(e, Refusal::StoreUnavailable(_)), "{e:?}");
+    // A successful heartbeat confirms it again.
+    s.down.store(false, Ordering::SeqCst);
+    a.heartbeat().await.unwrap();
+    drop(a.reserve(t, soles("1.00")).await.unwrap());
+    assert_eq!(a.view(t).lease, soles("5.00"));
+    assert_eq!(a.view(t).reserved, Pen::ZERO);
+}
+
+async fn returning_an_idle_lease_never_races_an_admission(fx: &Fixture) {
+    let s = Rigged::new(fx.open().await);
+    let t = tenant_with(&*s, "acme", "10.00").await;
+    let a = Accounts::new(s.clone(), "replica-a".into(), soles("5.00"), FENCE);
+    drop(a.reserve(t, soles("1.00")).await.unwrap());
+    assert_eq!(a.view(t).lease, soles("5.00"));
+    // The return is slow; a request arrives while it is under way.
+    s.release_delay_ms.store(300, Ordering::SeqCst);
+    let returning = {
+        let a = a.clone();
+        tokio::spawn(async move { a.return_idle_leases(Duration::ZERO).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = a.reserve(t, soles("1.00")).await.unwrap();
+    returning.await.unwrap();
+    // The request was admitted against a fresh lease, not the one given back.
+    let v = a.view(t);
+    assert_eq!(v.reserved, soles("1.00"));
+    assert!(v.lease >= v.reserved, "{v:?}");
+    assert_eq!(v.lease, s.balance(t).await.unwrap().leased);
+    a.settle(r, Pen::ZERO);
+}
+
+async fn a_dry_tenant_costs_one_lease_call_not_one_per_refusal(fx: &Fixture) {
+    let s = Rigged::new(fx.open().await);
+    let t = tenant_with(&*s, "acme", "0.50").await;
+    let a = Accounts::new(s.clone(), "replica-a".into(), soles("5.00"), FENCE);
+    for _ in 0..20 {
+        let e = a.reserve(t, soles("1.00")).await.unwrap_err();
+        assert_eq!(
+            e,
+            Refusal::Insufficient {
+                needed: soles("1.00"),
+                available: soles("0.50")
+            }
+        );
+    }
+    assert_eq!(s.grants.load(Ordering::SeqCst), 1);
+    // What fits the lease is still admitted; after a top-up (and the short memory), more.
+    drop(a.reserve(t, soles("0.50")).await.unwrap());
+    s.top_up(t, soles("10.00"), "").await.unwrap();
+    tokio::time::sleep(quipu::billing::accounts::DRY_MEMORY).await;
+    drop(a.reserve(t, soles("1.00")).await.unwrap());
+    assert_eq!(s.grants.load(Ordering::SeqCst), 2);
+    // A failing store is asked once, then refused fast for a moment.
+    let u = tenant_with(&*s, "beta", "10.00").await;
+    s.down.store(true, Ordering::SeqCst);
+    for _ in 0..5 {
+        let e = a.reserve(u, soles("1.00")).await.unwrap_err();
+        assert!(matches!(e, Refusal::StoreUnavailable(_)), "{e:?}");
+    }
+    assert_eq!(s.grants.load(Ordering::SeqCst), 3, "asked once while down");
 }

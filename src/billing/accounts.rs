@@ -1,21 +1,37 @@
 //! Admission by reservation against leased balance.
 //!
 //! Before a request is forwarded, its worst-case cost is **reserved**; when it ends — on every
-//! path — the reservation is replaced by the real charge. A replica admits only against money it
-//! holds a **lease** on (see `store`): `Σ leases ≤ balance` in the store, and locally
+//! path — the reservation is replaced by the real charge, **capped at the reservation** (what
+//! the tokens cost beyond it is reported as unbilled, never charged). A replica admits only
+//! against money it holds a **lease** on (see `store`): `Σ leases ≤ balance` in the store, and
+//! locally
 //!
 //! ```text
 //! reserved + unflushed ≤ lease
 //! ```
 //!
-//! where `unflushed` is charges settled here but not yet written to the ledger. So no tenant can
-//! be overdrawn, whatever the concurrency and however many replicas share the store.
+//! where `unflushed` is charges settled here but not yet written to the ledger. Since no charge
+//! exceeds its reservation, no tenant can be overdrawn, whatever the concurrency and however
+//! many replicas share the store.
 //!
 //! The common path is one short per-tenant critical section, no I/O. Only when a tenant's lease
 //! runs short does a request wait on the store for more (one round trip per `lease_chunk` of
 //! spending; acquisitions for one tenant are serialised so a burst makes one round trip, not a
 //! hundred). Unused leases are handed back after a few idle seconds so other replicas can use
 //! the money.
+//!
+//! **Fencing.** Another replica deletes a lease whose heartbeat is older than the stale
+//! threshold (the owner is presumed dead). So a lease is only admitted against while the store
+//! confirmed it recently: by [`Accounts::heartbeat`] (which also corrects the local lease to
+//! the stored one: a reclaimed lease becomes 0, a grant whose reply was lost is picked up) or
+//! by a grant. Past the `fence` (a fraction of the stale threshold) without confirmation, the
+//! next request goes to the store first.
+//!
+//! **Corrections race with flushes.** The ledger writer lowers the stored lease (in `record`)
+//! and then the local one ([`Accounts::flushed`]). A stored amount read while a flush was in
+//! between would overstate the lease, so each account counts its flushes and a correction only
+//! *lowers* the local lease when one happened meanwhile. Every race errs towards a smaller
+//! local lease, which the next heartbeat restores.
 
 use crate::money::Pen;
 use crate::store::{Store, StoreError, TenantId};
@@ -24,6 +40,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Most time a request waits for more lease (queueing behind other acquisitions included).
+pub const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// After the store refused more money (it had none unleased), requests of the tenant that do
+/// not fit the local lease are refused without asking again for this long.
+pub const DRY_MEMORY: Duration = Duration::from_secs(1);
+/// After a lease call failed, requests queued behind it fail at once for this long instead of
+/// each waiting out its own timeout.
+pub const FAILURE_MEMORY: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Default)]
 struct State {
     lease: Pen,
@@ -31,17 +56,42 @@ struct State {
     unflushed: Pen,
     open: u64,
     last_activity: Option<Instant>,
+    /// When the store last confirmed `lease` (taken before the confirming call was sent).
+    confirmed: Option<Instant>,
+    /// Flushes applied so far (see the module docs on corrections).
+    flushes: u64,
+    /// The store had no unleased balance left for this tenant at this time.
+    dry_at: Option<Instant>,
+    /// A lease call for this tenant failed at this time.
+    failed_at: Option<Instant>,
 }
 
 impl State {
     fn headroom(&self) -> Pen {
         self.lease - self.reserved - self.unflushed
     }
+
+    fn fresh(&self, fence: Duration) -> bool {
+        self.confirmed.is_some_and(|t| t.elapsed() < fence)
+    }
+
+    /// Applies the lease the store reported, read by a call started when this account had
+    /// applied `flushes_before` flushes and held `lease_before` (plus `added` by that call).
+    /// If anything moved the local lease meanwhile, the stored amount may predate it: then it
+    /// may only lower the lease.
+    fn correct(&mut self, stored: Pen, flushes_before: u64, lease_before: Pen, added: Pen) {
+        let untouched = self.flushes == flushes_before && self.lease == lease_before;
+        self.lease = if untouched {
+            stored
+        } else {
+            (self.lease + added).min(stored)
+        };
+    }
 }
 
 struct Account {
     state: Mutex<State>,
-    /// Serialises lease acquisitions and returns for this tenant.
+    /// Serialises lease acquisitions, returns and corrections for this tenant.
     lease_lock: tokio::sync::Mutex<()>,
 }
 
@@ -88,6 +138,7 @@ pub struct Accounts {
     store: Arc<dyn Store>,
     replica: String,
     chunk: Pen,
+    fence: Duration,
     accounts: Mutex<HashMap<TenantId, Arc<Account>>>,
 }
 
@@ -100,12 +151,35 @@ pub struct Totals {
     pub leased: Pen,
 }
 
+/// One tenant's money state, for tests and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantView {
+    pub lease: Pen,
+    pub reserved: Pen,
+    pub unflushed: Pen,
+    pub open: u64,
+}
+
+fn timed_out() -> Refusal {
+    Refusal::StoreUnavailable(format!(
+        "no answer from the store within {LEASE_CALL_TIMEOUT:?}"
+    ))
+}
+
 impl Accounts {
-    pub fn new(store: Arc<dyn Store>, replica: String, chunk: Pen) -> Arc<Accounts> {
+    /// `fence`: how long after the store's last confirmation a lease may still be admitted
+    /// against; keep it well under the stale-lease threshold other replicas reclaim at.
+    pub fn new(
+        store: Arc<dyn Store>,
+        replica: String,
+        chunk: Pen,
+        fence: Duration,
+    ) -> Arc<Accounts> {
         Arc::new(Accounts {
             store,
             replica,
             chunk,
+            fence,
             accounts: Mutex::new(HashMap::new()),
         })
     }
@@ -127,9 +201,12 @@ impl Accounts {
             .clone()
     }
 
-    fn try_reserve(acct: &Account, amount: Pen) -> Result<(), Pen> {
+    fn try_reserve(&self, acct: &Account, amount: Pen) -> Result<(), Pen> {
         let mut s = acct.state.lock();
         s.last_activity = Some(Instant::now());
+        if !s.fresh(self.fence) {
+            return Err(Pen::ZERO);
+        }
         let headroom = s.headroom();
         if headroom >= amount {
             s.reserved += amount;
@@ -152,22 +229,59 @@ impl Accounts {
             amount,
             accounts: Some(self.clone()),
         };
-        if Self::try_reserve(&acct, amount).is_ok() {
+        if self.try_reserve(&acct, amount).is_ok() {
             return Ok(reservation());
         }
-        let _serial = acct.lease_lock.lock().await;
-        let headroom = match Self::try_reserve(&acct, amount) {
+        let deadline = tokio::time::Instant::now() + LEASE_CALL_TIMEOUT;
+        let _serial = tokio::time::timeout_at(deadline, acct.lease_lock.lock())
+            .await
+            .map_err(|_| timed_out())?;
+        let headroom = match self.try_reserve(&acct, amount) {
             Ok(()) => return Ok(reservation()),
             Err(h) => h,
         };
+        let (flushes, local) = {
+            let s = acct.state.lock();
+            if let Some(at) = s.failed_at.filter(|t| t.elapsed() < FAILURE_MEMORY) {
+                return Err(Refusal::StoreUnavailable(format!(
+                    "a lease call failed {:?} ago",
+                    at.elapsed()
+                )));
+            }
+            let dry = s.dry_at.is_some_and(|t| t.elapsed() < DRY_MEMORY);
+            if dry && s.fresh(self.fence) {
+                // The store had nothing unleased a moment ago: refuse without a write
+                // transaction per refusal.
+                return Err(Refusal::Insufficient {
+                    needed: amount,
+                    available: headroom.max(Pen::ZERO),
+                });
+            }
+            (s.flushes, s.lease)
+        };
         let want = (amount - headroom).max(self.chunk);
-        let granted = self
-            .store
-            .acquire_lease(&self.replica, tenant, want)
-            .await
-            .map_err(|e: StoreError| Refusal::StoreUnavailable(e.to_string()))?;
-        acct.state.lock().lease += granted;
-        match Self::try_reserve(&acct, amount) {
+        let sent = Instant::now();
+        let call = self.store.grant_lease(&self.replica, tenant, want);
+        let grant = match tokio::time::timeout_at(deadline, call).await {
+            Ok(Ok(g)) => g,
+            Ok(Err(e)) => {
+                acct.state.lock().failed_at = Some(Instant::now());
+                return Err(Refusal::StoreUnavailable(e.to_string()));
+            }
+            Err(_) => {
+                // The grant may still commit: the next heartbeat picks it up.
+                acct.state.lock().failed_at = Some(Instant::now());
+                return Err(timed_out());
+            }
+        };
+        {
+            let mut s = acct.state.lock();
+            s.correct(grant.held, flushes, local, grant.granted);
+            s.confirmed = Some(sent);
+            s.failed_at = None;
+            s.dry_at = (grant.granted < want).then(Instant::now);
+        }
+        match self.try_reserve(&acct, amount) {
             Ok(()) => Ok(reservation()),
             Err(available) => Err(Refusal::Insufficient {
                 needed: amount,
@@ -176,10 +290,13 @@ impl Accounts {
         }
     }
 
-    /// Replaces a reservation by the real charge (kept as unflushed until the ledger writes it).
-    pub fn settle(&self, mut reservation: Reservation, charge: Pen) {
+    /// Replaces a reservation by the real charge, capped at the reservation (kept as unflushed
+    /// until the ledger writes it). Returns what is billed: `charge.min(reservation.amount)`.
+    pub fn settle(&self, mut reservation: Reservation, charge: Pen) -> Pen {
         reservation.accounts = None;
-        self.release(reservation.tenant, reservation.amount, charge);
+        let billed = charge.min(reservation.amount).max(Pen::ZERO);
+        self.release(reservation.tenant, reservation.amount, billed);
+        billed
     }
 
     fn release(&self, tenant: TenantId, reserved: Pen, charge: Pen) {
@@ -197,41 +314,112 @@ impl Accounts {
         let mut s = acct.state.lock();
         s.unflushed -= charged;
         s.lease = (s.lease - charged).max(Pen::ZERO);
+        s.flushes += 1;
+    }
+
+    /// The store refused to record `charge` of `tenant` (the row went to the dead-letter
+    /// table): nothing moved in the store, so only the local unflushed amount goes.
+    pub fn abandoned(&self, tenant: TenantId, charge: Pen) {
+        let acct = self.account(tenant);
+        acct.state.lock().unflushed -= charge;
     }
 
     /// Gives back leases of tenants idle for `idle_for` with nothing reserved or unflushed.
+    ///
+    /// The local lease is zeroed *before* the store call, under the state lock, so the
+    /// lock-free admission path cannot reserve against money being given back. If the call
+    /// fails it is not restored here (the release may have committed anyway): the next
+    /// heartbeat sets the local lease to what the store holds.
     pub async fn return_idle_leases(&self, idle_for: Duration) {
-        let accounts: Vec<(TenantId, Arc<Account>)> = self
-            .accounts
-            .lock()
-            .iter()
-            .map(|(t, a)| (*t, a.clone()))
-            .collect();
-        for (tenant, acct) in accounts {
+        for (tenant, acct) in self.snapshot() {
             let Ok(_serial) = acct.lease_lock.try_lock() else {
                 continue;
             };
             let give_back = {
-                let s = acct.state.lock();
+                let mut s = acct.state.lock();
                 let idle = s.last_activity.is_none_or(|t| t.elapsed() >= idle_for);
                 if idle && s.open == 0 && s.unflushed == Pen::ZERO && s.lease > Pen::ZERO {
-                    s.lease
+                    std::mem::take(&mut s.lease)
                 } else {
                     continue;
                 }
             };
-            match self
-                .store
-                .release_lease(&self.replica, tenant, give_back)
-                .await
-            {
-                Ok(()) => {
-                    let mut s = acct.state.lock();
-                    s.lease = (s.lease - give_back).max(Pen::ZERO);
-                }
-                Err(e) => log::warn!("returning the lease of tenant {tenant} failed: {e}"),
+            let call = self.store.release_lease(&self.replica, tenant, give_back);
+            match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => log::warn!(
+                    "returning the lease of tenant {tenant} failed: {e}; the next heartbeat restores it"
+                ),
+                Err(_) => log::warn!(
+                    "returning the lease of tenant {tenant} timed out; the next heartbeat restores it"
+                ),
             }
         }
+    }
+
+    /// Refreshes this replica's leases in the store and corrects the local ones to what the
+    /// store holds (see the module docs). A tenant whose lease lock is busy is skipped this
+    /// time (its acquisition confirms it).
+    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+        let before: HashMap<TenantId, (u64, Pen)> = self
+            .snapshot()
+            .into_iter()
+            .map(|(t, a)| {
+                let s = a.state.lock();
+                (t, (s.flushes, s.lease))
+            })
+            .collect();
+        let sent = Instant::now();
+        let stored = tokio::time::timeout(LEASE_CALL_TIMEOUT, self.store.heartbeat(&self.replica))
+            .await
+            .map_err(|_| StoreError::Backend("the lease heartbeat timed out".into()))??;
+        let stored: HashMap<TenantId, Pen> = stored.into_iter().collect();
+        for tenant in stored.keys() {
+            // A lease this replica did not know about (a grant whose reply was lost).
+            self.account(*tenant);
+        }
+        for (tenant, acct) in self.snapshot() {
+            let Ok(_serial) = acct.lease_lock.try_lock() else {
+                continue;
+            };
+            let held = stored.get(&tenant).copied().unwrap_or(Pen::ZERO);
+            let mut s = acct.state.lock();
+            // An account created during the call started from nothing.
+            let (flushes, lease) = before.get(&tenant).copied().unwrap_or_default();
+            s.correct(held, flushes, lease, Pen::ZERO);
+            if s.lease != held {
+                log::debug!(
+                    "tenant {tenant}: local lease {} vs stored {}",
+                    s.lease.to_decimal(),
+                    held.to_decimal()
+                );
+            }
+            s.confirmed = Some(sent);
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Vec<(TenantId, Arc<Account>)> {
+        self.accounts
+            .lock()
+            .iter()
+            .map(|(t, a)| (*t, a.clone()))
+            .collect()
+    }
+
+    /// One tenant's state (zeros if unknown).
+    pub fn view(&self, tenant: TenantId) -> TenantView {
+        let acct = self.accounts.lock().get(&tenant).cloned();
+        acct.map(|a| {
+            let s = a.state.lock();
+            TenantView {
+                lease: s.lease,
+                reserved: s.reserved,
+                unflushed: s.unflushed,
+                open: s.open,
+            }
+        })
+        .unwrap_or_default()
     }
 
     pub fn totals(&self) -> Totals {

@@ -6,6 +6,13 @@
 //! and writes it in store transactions of up to `batch_rows` rows, keyed by request id, so a
 //! retried batch never charges twice. A failed write is retried with backoff, rows kept.
 //!
+//! A row the store can never write (an invalid value, an unknown tenant) must not hold up the
+//! rows behind it: such rows are caught before the write where possible, and a batch the store
+//! refuses as invalid is split until the bad row is alone. That row goes to the store's
+//! dead-letter table (`ledger_rejects`), is logged at error level with its full contents and
+//! counted (`quipu_ledger_rows_total{result="rejected"}`); its charge is not applied, for the
+//! operator to settle by hand. Only transient failures are retried.
+//!
 //! Durability: a graceful shutdown (SIGTERM, or the end of a graceful upgrade) drains the queue
 //! before the process exits. A crash loses at most the rows of the last `flush_interval`
 //! (50 ms by default) plus, while the store is unreachable, the rows queued meanwhile.
@@ -13,9 +20,11 @@
 use super::accounts::Accounts;
 use crate::metrics::m;
 use crate::money::Pen;
+use crate::store::StoreError;
 use crate::store::{LedgerRow, Store, TenantId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +33,19 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 struct Queue {
     rows: Mutex<Vec<LedgerRow>>,
+    /// Rows the writer has taken but not yet written (they are still owed to the store).
+    taken: AtomicUsize,
+}
+
+impl Queue {
+    /// Rows not yet in the store: queued plus taken by the writer.
+    fn pending(&self) -> usize {
+        self.rows.lock().len() + self.taken.load(Ordering::Relaxed)
+    }
+
+    fn publish(&self) {
+        m().ledger_queue.set(self.pending() as i64);
+    }
 }
 
 /// Hands rows to the writer. Cheap to clone.
@@ -38,9 +60,9 @@ impl LedgerHandle {
         self.queue.rows.lock().push(row);
     }
 
-    /// Rows not yet taken by the writer.
+    /// Rows not yet written: queued, or taken by the writer and not yet in the store.
     pub fn queued(&self) -> usize {
-        self.queue.rows.lock().len()
+        self.queue.pending()
     }
 }
 
@@ -97,16 +119,57 @@ impl LedgerWriter {
 
     async fn drain(&self) {
         let mut rows = std::mem::take(&mut *self.queue.rows.lock());
-        m().ledger_queue.set(rows.len() as i64);
+        self.queue.taken.store(rows.len(), Ordering::Relaxed);
+        self.queue.publish();
         while !rows.is_empty() {
             let rest = rows.split_off(rows.len().min(self.batch_rows));
-            self.write(&rows).await;
+            let n = rows.len();
+            self.write(rows).await;
+            self.queue.taken.fetch_sub(n, Ordering::Relaxed);
+            self.queue.publish();
             rows = rest;
         }
-        m().ledger_queue.set(self.queue.rows.lock().len() as i64);
+        self.queue.publish();
     }
 
-    async fn write(&self, batch: &[LedgerRow]) {
+    /// Writes a batch; rows that can never be written are set aside (see the module docs).
+    async fn write(&self, batch: Vec<LedgerRow>) {
+        let (good, bad): (Vec<LedgerRow>, Vec<LedgerRow>) = batch
+            .into_iter()
+            .partition(|r| crate::store::validate_row(r).is_ok());
+        for row in bad {
+            let reason = crate::store::validate_row(&row)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            self.reject(row, &reason).await;
+        }
+        // Halves still to write, in order (the last is next).
+        let mut todo = vec![good];
+        while let Some(batch) = todo.pop() {
+            if batch.is_empty() {
+                continue;
+            }
+            match self.write_retrying(&batch).await {
+                Ok(()) => {}
+                Err(e) if batch.len() == 1 => {
+                    let reason = e.to_string();
+                    if let Some(row) = batch.into_iter().next() {
+                        self.reject(row, &reason).await;
+                    }
+                }
+                Err(_) => {
+                    let mut first = batch;
+                    let second = first.split_off(first.len() / 2);
+                    todo.push(second);
+                    todo.push(first);
+                }
+            }
+        }
+    }
+
+    /// Writes a batch, retrying transient failures; returns a permanent one.
+    async fn write_retrying(&self, batch: &[LedgerRow]) -> Result<(), StoreError> {
         let mut backoff = Duration::from_millis(50);
         loop {
             let started = Instant::now();
@@ -127,12 +190,26 @@ impl LedgerWriter {
                     for (tenant, charged) in per_tenant {
                         self.accounts.flushed(tenant, charged);
                     }
-                    return;
+                    return Ok(());
+                }
+                Err(e) if !e.is_transient() => {
+                    m().ledger_flush_seconds
+                        .with_label_values(&["error"])
+                        .observe(started.elapsed().as_secs_f64());
+                    if batch.len() > 1 {
+                        log::warn!(
+                            "the store refused a ledger batch of {} rows ({e}); splitting it to find the bad row",
+                            batch.len()
+                        );
+                    }
+                    return Err(e);
                 }
                 Err(e) => {
                     m().ledger_flush_seconds
                         .with_label_values(&["error"])
                         .observe(started.elapsed().as_secs_f64());
+                    // Rows are still arriving while the store is away: keep the gauge true.
+                    self.queue.publish();
                     log::error!(
                         "ledger write of {} rows failed, retrying in {backoff:?}: {e}",
                         batch.len()
@@ -142,5 +219,117 @@ impl LedgerWriter {
                 }
             }
         }
+    }
+
+    /// Puts a row the store refused into the dead-letter table (retrying transient failures).
+    async fn reject(&self, row: LedgerRow, reason: &str) {
+        log::error!(
+            "ledger row {} of tenant {} cannot be written ({reason}); moved to the dead-letter table ledger_rejects, charge {} NOT applied: {}",
+            row.request_id,
+            row.tenant_id,
+            row.charge.to_decimal(),
+            row.to_json()
+        );
+        m().ledger_rows.with_label_values(&["rejected"]).inc();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.store.reject(&row, reason).await {
+                Ok(()) => break,
+                Err(e) if e.is_transient() => {
+                    self.queue.publish();
+                    log::error!(
+                        "storing rejected ledger row {} failed, retrying in {backoff:?}: {e}",
+                        row.request_id
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    // The error log above holds the row: it is the record of last resort.
+                    log::error!(
+                        "storing rejected ledger row {} failed for good: {e}",
+                        row.request_id
+                    );
+                    break;
+                }
+            }
+        }
+        self.accounts.abandoned(row.tenant_id, row.charge);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::SqliteStore;
+
+    fn row(id: &str, tenant: TenantId, picos: i128) -> LedgerRow {
+        LedgerRow {
+            request_id: id.into(),
+            at: crate::store::now_ms(),
+            tenant_id: tenant,
+            key_id: "key_x".into(),
+            model: "colibri".into(),
+            format: "chat".into(),
+            input_tokens: 10,
+            cached_tokens: 0,
+            output_tokens: 5,
+            charge: Pen::from_picos(picos),
+            status: "ok".into(),
+            http_status: 200,
+            unbilled: Pen::ZERO,
+            input_estimated: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_rows_are_set_aside_and_the_rows_behind_them_are_written() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
+        let t = store.create_tenant("acme").await.unwrap().id;
+        store.top_up(t, Pen::from_centimos(1000), "").await.unwrap();
+        let accounts = Accounts::new(
+            store.clone(),
+            "r1".into(),
+            Pen::from_centimos(500),
+            Duration::from_secs(15),
+        );
+        let (handle, writer) = channel(store.clone(), accounts, Duration::from_millis(5), 4);
+        let mut good = Vec::new();
+        for i in 0..10 {
+            let r = row(&format!("good-{i}"), t, 1_000_000);
+            good.push(r.clone());
+            handle.record(r);
+            if i == 3 {
+                // Caught before the write: a count no column can hold.
+                let mut huge = row("huge", t, 1_000_000);
+                huge.output_tokens = u64::MAX;
+                handle.record(huge);
+            }
+            if i == 6 {
+                // Only the store can tell: the tenant does not exist. Its batch is split
+                // until the row is alone.
+                handle.record(row("orphan", 987_654, 1_000_000));
+            }
+        }
+        assert_eq!(handle.queued(), 12);
+        let (_stop_tx, stop) = tokio::sync::watch::channel(true);
+        tokio::time::timeout(Duration::from_secs(10), writer.run(stop))
+            .await
+            .expect("the writer finished instead of retrying the bad rows forever");
+        assert_eq!(handle.queued(), 0);
+        assert_eq!(store.ledger_rows(Some(t)).await.unwrap(), good);
+        let rejected: Vec<String> = store
+            .rejected_rows()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.request_id)
+            .collect();
+        assert_eq!(rejected.len(), 2);
+        assert!(rejected.contains(&"huge".to_owned()) && rejected.contains(&"orphan".to_owned()));
+        assert_eq!(
+            store.balance(t).await.unwrap().balance,
+            Pen::from_centimos(1000) - Pen::from_picos(10_000_000)
+        );
     }
 }

@@ -299,13 +299,16 @@ async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingo
     }
 
     let model = &gw.config.models[req.model];
-    // Every prompt token covers at least one byte, and no prompt can exceed the context window.
-    let worst_input = (req.prompt_bytes as u64).min(model.context_window);
+    let (worst_input, prompt_estimate) = prompt_bounds(&req, model.context_window);
     let worst = model
         .prices
         .worst_case(worst_input, u64::from(req.max_tokens));
     match gw.accounts.reserve(principal.tenant_id, worst).await {
-        Ok(r) => ctx.reservation = Some(r),
+        Ok(r) => {
+            ctx.reservation = Some(r);
+            ctx.prompt_estimate = prompt_estimate;
+            ctx.arm_settlement_fallback(gw);
+        }
         Err(crate::billing::Refusal::Insufficient { needed, available }) => {
             m().billing_refused
                 .with_label_values(&[&principal.tenant_name])
@@ -333,6 +336,39 @@ async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingo
     let result = relay::completion(gw, session, ctx, req).await;
     m().reservations_open.dec();
     result
+}
+
+/// Tokens a chat template may add around the messages (role markers, a default system prompt,
+/// tool-use instructions) beyond what their JSON bytes already bound.
+pub const TEMPLATE_ALLOWANCE: u64 = 512;
+/// Bytes of prompt JSON per token for the input estimate of a request whose upstream reported
+/// no input tokens. Real tokenizers average 3–4.5 bytes per token on text and JSON overhead adds
+/// bytes that are not tokens, so 4 rarely overstates and never exceeds the reservation.
+pub const PROMPT_BYTES_PER_TOKEN: u64 = 4;
+
+/// `(worst-case input tokens, input estimate)` of a request.
+///
+/// Worst case: the upstream refuses `prompt + max_tokens > context window` (vLLM, SGLang), so
+/// the input is at most `context_window - max_tokens`. Below that, a text prompt is bounded by
+/// its bytes (every token covers at least one) plus [`TEMPLATE_ALLOWANCE`]; an image costs
+/// hundreds to thousands of tokens whatever its URL's length, so a prompt with one is given the
+/// whole bound. Should an upstream still report more, the charge is capped at the reservation
+/// anyway (see `settle`).
+///
+/// Estimate: `prompt_bytes / PROMPT_BYTES_PER_TOKEN` (at least 1, at most the worst case), what
+/// is billed when the upstream reports no input tokens (a cut stream).
+pub fn prompt_bounds(req: &UpstreamRequest, context_window: u64) -> (u64, u64) {
+    let bound = context_window.saturating_sub(u64::from(req.max_tokens));
+    let prompt = req.body.get(req.prompt_range.clone()).unwrap_or(&req.body);
+    let has_images = memchr::memmem::find(prompt, b"\"image_url\"").is_some();
+    let bytes = req.prompt_bytes as u64;
+    let worst = if has_images {
+        bound
+    } else {
+        bytes.saturating_add(TEMPLATE_ALLOWANCE).min(bound)
+    };
+    let estimate = (bytes / PROMPT_BYTES_PER_TOKEN).max(1).min(worst);
+    (worst, estimate)
 }
 
 /// Costs shown to tenants: soles with céntimos, or the exact amount when under a céntimo.
@@ -377,3 +413,47 @@ async fn count_tokens(
 
 /// How long a non-streaming upstream error body may take to arrive.
 pub const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, EMBEDDED_DEFAULT};
+    use serde_json::json;
+
+    fn bounds(body: serde_json::Value) -> (UpstreamRequest, (u64, u64)) {
+        let c = Config::parse(EMBEDDED_DEFAULT, "test").unwrap();
+        let req = chat::chat_to_upstream(&serde_json::to_vec(&body).unwrap(), &c).unwrap();
+        let window = c.models[req.model].context_window;
+        let b = prompt_bounds(&req, window);
+        (req, b)
+    }
+
+    #[test]
+    fn text_is_bounded_by_its_bytes_and_an_image_by_the_window() {
+        let text = json!({"model": "aguila", "max_tokens": 1000,
+            "messages": [{"role": "user", "content": "hola, ¿qué tal?"}]});
+        let (req, (worst, estimate)) = bounds(text);
+        let bytes = req.prompt_bytes as u64;
+        assert_eq!(worst, bytes + TEMPLATE_ALLOWANCE);
+        assert_eq!(estimate, bytes / PROMPT_BYTES_PER_TOKEN);
+        // A few bytes of URL can be thousands of image tokens: the whole bound is reserved.
+        let image = json!({"model": "aguila", "max_tokens": 1000, "messages": [{"role": "user",
+            "content": [{"type": "text", "text": "what is it"},
+                        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]});
+        let (req, (worst, estimate)) = bounds(image);
+        assert_eq!(worst, 131_072 - 1000);
+        assert_eq!(estimate, req.prompt_bytes as u64 / PROMPT_BYTES_PER_TOKEN);
+        // The upstream refuses prompt + max_tokens > window, so that bound caps any estimate.
+        // (colibri: a 32,768-token window; max_tokens is clamped to 8,192.)
+        let long = json!({"model": "colibri", "max_tokens": 8192,
+            "messages": [{"role": "user", "content": "x".repeat(30_000)}]});
+        let (req, (worst, estimate)) = bounds(long);
+        assert_eq!(worst, 32_768 - 8192);
+        assert_eq!(estimate, req.prompt_bytes as u64 / PROMPT_BYTES_PER_TOKEN);
+        // The text of a message cannot fake an image part.
+        let fake = json!({"model": "aguila", "max_tokens": 1000,
+            "messages": [{"role": "user", "content": "say \"image_url\" twice"}]});
+        let (req, (worst, _)) = bounds(fake);
+        assert_eq!(worst, req.prompt_bytes as u64 + TEMPLATE_ALLOWANCE);
+    }
+}

@@ -23,6 +23,8 @@ use crate::billing::{Accounts, LedgerHandle, Reservation};
 use crate::catalog::Catalog;
 use crate::config::{Config, ModelId};
 use crate::error::ClientFormat;
+use crate::metrics::m;
+use crate::money::Pen;
 use crate::ratelimit::RateLimiter;
 use crate::store::{now_ms, LedgerRow};
 use crate::upstream::ModelPool;
@@ -86,7 +88,135 @@ pub struct RequestCtx {
     pub attempts: u32,
     /// Time spent waiting on the upstream (to report the gateway's own overhead).
     pub upstream_time: Duration,
+    /// `api`: input tokens billed if the upstream reports none (see `api::prompt_bounds`).
+    pub prompt_estimate: u64,
+    /// `api`, with the reservation: settles the request from `Drop` if `logging` never runs
+    /// (a panicking task), so metered usage is still billed. `settle` disarms it.
+    settlement_fallback: Option<SettlementFallback>,
     counted_in_flight: bool,
+}
+
+/// What settling a request needs beyond its context (see `RequestCtx::settlement_fallback`).
+struct SettlementFallback {
+    config: Arc<Config>,
+    accounts: Arc<Accounts>,
+    ledger: LedgerHandle,
+}
+
+impl std::fmt::Debug for SettlementFallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SettlementFallback")
+    }
+}
+
+impl RequestCtx {
+    /// Called once the reservation is held.
+    pub fn arm_settlement_fallback(&mut self, gw: &Gateway) {
+        self.settlement_fallback = Some(SettlementFallback {
+            config: gw.config.clone(),
+            accounts: gw.accounts.clone(),
+            ledger: gw.ledger.clone(),
+        });
+    }
+}
+
+impl Drop for RequestCtx {
+    fn drop(&mut self) {
+        // Settlement happens once: `settle` takes the reservation, so this only acts when
+        // `logging` never ran for an admitted request.
+        if self.reservation.is_none() {
+            return;
+        }
+        if let Some(f) = self.settlement_fallback.take() {
+            log::error!(
+                "request {} ended without reaching logging (a panic?); settling it now",
+                self.request_id
+            );
+            if self.outcome == "ok" {
+                self.outcome = "internal_error";
+            }
+            settle_money(&f.config, &f.accounts, &f.ledger, self);
+        }
+    }
+}
+
+/// The money part of settling a request, shared by `logging` and the `Drop` fallback: takes
+/// the reservation, bills the usage — capped at the reservation, with an estimate of the input
+/// when the upstream reported none — and queues the ledger row. Returns what was billed (usage
+/// and charge) for the caller's metrics, or `None` if nothing was reserved.
+///
+/// Usage is first clamped to sane bounds (no count above the model's context window), so a
+/// broken upstream report cannot produce a row the store must refuse.
+fn settle_money(
+    config: &Config,
+    accounts: &Accounts,
+    ledger: &LedgerHandle,
+    ctx: &mut RequestCtx,
+) -> Option<(Arc<Principal>, ModelId, Usage, Pen)> {
+    let reservation = ctx.reservation.take()?;
+    let (Some(p), Some(model_id)) = (ctx.principal.clone(), ctx.model) else {
+        accounts.settle(reservation, Pen::ZERO);
+        return None;
+    };
+    let model = &config.models[model_id];
+    let cap = model.context_window;
+    let mut usage = ctx.usage.unwrap_or_default();
+    usage.prompt_tokens = usage.prompt_tokens.min(cap);
+    usage.cached_tokens = usage.cached_tokens.min(cap);
+    usage.completion_tokens = usage.completion_tokens.min(cap);
+    // The upstream answered but reported no input (a cut stream, usage only at the end): a
+    // real prompt is never 0 tokens, so bill the estimate made at admission.
+    let input_estimated = ctx.usage.is_some() && usage.prompt_tokens == 0;
+    if input_estimated {
+        usage.prompt_tokens = ctx.prompt_estimate;
+        usage.cached_tokens = 0;
+        m().input_estimated
+            .with_label_values(&[model.slug.as_str()])
+            .inc();
+    }
+    let full = model.prices.charge(
+        usage.uncached_input(),
+        usage.cached(),
+        usage.completion_tokens,
+    );
+    let reserved = reservation.amount;
+    let charge = accounts.settle(reservation, full);
+    let unbilled = full - charge;
+    if unbilled > Pen::ZERO {
+        log::warn!(
+            "request {} of tenant {} on {}: its tokens cost {} but only {} was reserved; billed the reservation, {} unbilled (in={} cached={} out={})",
+            ctx.request_id,
+            p.tenant_name,
+            model.slug,
+            full.to_decimal(),
+            reserved.to_decimal(),
+            unbilled.to_decimal(),
+            usage.prompt_tokens,
+            usage.cached(),
+            usage.completion_tokens
+        );
+        m().unbilled_pen
+            .with_label_values(&[model.slug.as_str()])
+            .inc_by(unbilled.picos() as f64 / 1e12);
+    }
+    ledger.record(LedgerRow {
+        request_id: ctx.request_id.clone(),
+        at: now_ms(),
+        tenant_id: p.tenant_id,
+        key_id: p.key_id.clone(),
+        model: model.slug.clone(),
+        format: ctx.format.as_str().to_owned(),
+        input_tokens: usage.prompt_tokens,
+        cached_tokens: usage.cached(),
+        output_tokens: usage.completion_tokens,
+        charge,
+        status: ctx.outcome.to_owned(),
+        http_status: ctx.status,
+        unbilled,
+        input_estimated,
+    });
+    ctx.usage = Some(usage);
+    Some((p, model_id, usage, charge))
 }
 
 /// A time-ordered, unique request id: `req_` + 12 hex digits of milliseconds + 16 random.
@@ -113,6 +243,8 @@ impl Default for RequestCtx {
             replica: None,
             attempts: 0,
             upstream_time: Duration::ZERO,
+            prompt_estimate: 0,
+            settlement_fallback: None,
             counted_in_flight: false,
         }
     }
@@ -194,36 +326,14 @@ impl ProxyHttp for Gateway {
 impl Gateway {
     /// Replaces the reservation by the real charge and queues the ledger row.
     fn settle(&self, ctx: &mut RequestCtx) {
-        let Some(reservation) = ctx.reservation.take() else {
-            return;
-        };
-        let (Some(p), Some(model_id)) = (ctx.principal.as_ref(), ctx.model) else {
-            self.accounts.settle(reservation, crate::money::Pen::ZERO);
+        ctx.settlement_fallback = None;
+        let Some((p, model_id, usage, charge)) =
+            settle_money(&self.config, &self.accounts, &self.ledger, ctx)
+        else {
             return;
         };
         let model = &self.config.models[model_id];
-        let usage = ctx.usage.unwrap_or_default();
-        let charge = model.prices.charge(
-            usage.uncached_input(),
-            usage.cached(),
-            usage.completion_tokens,
-        );
-        self.accounts.settle(reservation, charge);
-        self.limits.consumed(p, usage.total());
-        self.ledger.record(LedgerRow {
-            request_id: ctx.request_id.clone(),
-            at: now_ms(),
-            tenant_id: p.tenant_id,
-            key_id: p.key_id.clone(),
-            model: model.slug.clone(),
-            format: ctx.format.as_str().to_owned(),
-            input_tokens: usage.prompt_tokens,
-            cached_tokens: usage.cached(),
-            output_tokens: usage.completion_tokens,
-            charge,
-            status: ctx.outcome.to_owned(),
-            http_status: ctx.status,
-        });
+        self.limits.consumed(&p, usage.total());
         let tokens = [
             usage.uncached_input(),
             usage.cached(),
@@ -306,5 +416,100 @@ impl Gateway {
                 ctx.attempts,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::billing::ledger;
+    use crate::config::EMBEDDED_DEFAULT;
+    use crate::store::{sqlite::SqliteStore, ActiveKey, KeyLimits, Store};
+    use std::panic::AssertUnwindSafe;
+
+    #[tokio::test]
+    async fn a_request_that_never_reaches_logging_is_billed_once_from_drop() {
+        let config = Arc::new(Config::parse(EMBEDDED_DEFAULT, "test").unwrap());
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
+        let t = store.create_tenant("acme").await.unwrap().id;
+        store.top_up(t, Pen::from_centimos(1000), "").await.unwrap();
+        let accounts = Accounts::new(
+            store.clone(),
+            "r".into(),
+            Pen::from_centimos(500),
+            Duration::from_secs(15),
+        );
+        let (handle, writer) = ledger::channel(
+            store.clone(),
+            accounts.clone(),
+            Duration::from_millis(5),
+            100,
+        );
+        let keys = KeySnapshot::new(config.models.len());
+        keys.install(
+            1,
+            vec![ActiveKey {
+                secret_hash: crate::keys::hash_secret("sk-qp-test"),
+                key_id: "key_1".into(),
+                tenant_id: t,
+                tenant_name: "acme".into(),
+                limits: KeyLimits::default(),
+            }],
+        );
+        let principal = keys.lookup("sk-qp-test").unwrap();
+        let usage = Usage {
+            prompt_tokens: 1000,
+            cached_tokens: 0,
+            completion_tokens: 500,
+        };
+        let charge = config.models[0].prices.charge(1000, 0, 500);
+        let admitted = |reservation| {
+            let mut ctx = RequestCtx::default();
+            ctx.principal = Some(principal.clone());
+            ctx.model = Some(0);
+            ctx.usage = Some(usage);
+            ctx.reservation = Some(reservation);
+            ctx.settlement_fallback = Some(SettlementFallback {
+                config: config.clone(),
+                accounts: accounts.clone(),
+                ledger: handle.clone(),
+            });
+            ctx
+        };
+
+        // The task panics: its context is dropped while unwinding, and settles.
+        let ctx = admitted(accounts.reserve(t, Pen::from_centimos(100)).await.unwrap());
+        let panicked = ctx.request_id.clone();
+        let r = std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let _ctx = ctx;
+            panic!("a bug in a request task");
+        }));
+        assert!(r.is_err());
+        assert_eq!(handle.queued(), 1);
+        let v = accounts.view(t);
+        assert_eq!((v.reserved, v.unflushed, v.open), (Pen::ZERO, charge, 0));
+
+        // Settled normally, then dropped: billed once.
+        let mut ctx = admitted(accounts.reserve(t, Pen::from_centimos(100)).await.unwrap());
+        let settled = ctx.request_id.clone();
+        settle_money(&config, &accounts, &handle, &mut ctx);
+        drop(ctx);
+        assert_eq!(handle.queued(), 2);
+
+        let (_stop_tx, stop) = tokio::sync::watch::channel(true);
+        writer.run(stop).await;
+        let rows = store.ledger_rows(Some(t)).await.unwrap();
+        let mut ids: Vec<&str> = rows.iter().map(|r| r.request_id.as_str()).collect();
+        ids.sort_unstable();
+        let mut want = vec![panicked.as_str(), settled.as_str()];
+        want.sort_unstable();
+        assert_eq!(ids, want);
+        assert!(rows.iter().all(|r| r.charge == charge));
+        let p = rows.iter().find(|r| r.request_id == panicked).unwrap();
+        assert_eq!(p.status, "internal_error");
+        assert_eq!(
+            store.balance(t).await.unwrap().balance,
+            Pen::from_centimos(1000) - charge - charge
+        );
     }
 }

@@ -124,6 +124,48 @@ pub struct LedgerRow {
     /// `ok`, `client_disconnected`, `upstream_error`, `timeout`, …
     pub status: String,
     pub http_status: u16,
+    /// What the tokens would have cost beyond the request's reservation, which caps every
+    /// charge (see `billing`): not charged, recorded so the operator sees it. Usually zero.
+    pub unbilled: Pen,
+    /// `input_tokens` is the gateway's estimate, because the upstream reported none (a cut
+    /// stream, or an upstream that sends usage only at the end).
+    pub input_estimated: bool,
+}
+
+/// A request row the store refused as invalid, kept aside (the dead-letter table) so that the
+/// rows behind it can still be written. The operator settles these by hand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectedRow {
+    pub request_id: String,
+    pub tenant_id: TenantId,
+    /// The row as JSON, every number as written by the gateway (the charge in pico-soles).
+    pub row_json: String,
+    pub reason: String,
+    pub rejected_at: UnixMs,
+}
+
+impl LedgerRow {
+    /// The row as JSON for the dead-letter table (numbers as strings: they may not fit a
+    /// column, which can be why the row was rejected).
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "request_id": self.request_id,
+            "at": self.at,
+            "tenant_id": self.tenant_id,
+            "key_id": self.key_id,
+            "model": self.model,
+            "format": self.format,
+            "input_tokens": self.input_tokens.to_string(),
+            "cached_tokens": self.cached_tokens.to_string(),
+            "output_tokens": self.output_tokens.to_string(),
+            "charge_picos": self.charge.picos().to_string(),
+            "unbilled_picos": self.unbilled.picos().to_string(),
+            "input_estimated": self.input_estimated,
+            "status": self.status,
+            "http_status": self.http_status,
+        })
+        .to_string()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +175,26 @@ pub struct TopUp {
     pub amount: Pen,
     pub at: UnixMs,
     pub note: String,
+}
+
+/// What [`Store::top_up_once`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopUpOutcome {
+    pub top_up: TopUp,
+    /// The balance right after the top-up, read in the same transaction.
+    pub balance: Pen,
+    /// The idempotency key had already been used: nothing was added this time and `top_up`
+    /// is the original one.
+    pub replayed: bool,
+}
+
+/// What [`Store::grant_lease`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// Added to the lease now (possibly zero).
+    pub granted: Pen,
+    /// The replica's lease on the tenant after the grant.
+    pub held: Pen,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,14 +235,26 @@ pub enum StoreError {
     Conflict(String),
     /// The tenant or key does not exist.
     NotFound(String),
-    /// The database could not be reached or failed.
+    /// The database could not be reached or failed (transient: worth retrying).
     Backend(String),
+    /// The input can never be written as it is (a negative charge, a count that does not fit
+    /// its column): retrying cannot help.
+    Invalid(String),
+}
+
+impl StoreError {
+    /// Whether retrying the same call can succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Backend(_))
+    }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreError::Conflict(m) | StoreError::NotFound(m) => f.write_str(m),
+            StoreError::Conflict(m) | StoreError::NotFound(m) | StoreError::Invalid(m) => {
+                f.write_str(m)
+            }
             StoreError::Backend(m) => write!(f, "store error: {m}"),
         }
     }
@@ -210,21 +284,51 @@ pub trait Store: Send + Sync {
 
     /// Adds money to a tenant's balance (a positive ledger entry). Policy (minimum amount)
     /// belongs to the caller.
-    async fn top_up(&self, tenant: TenantId, amount: Pen, note: &str) -> StoreResult<TopUp>;
+    async fn top_up(&self, tenant: TenantId, amount: Pen, note: &str) -> StoreResult<TopUp> {
+        Ok(self.top_up_once(tenant, amount, note, None).await?.top_up)
+    }
+    /// [`Store::top_up`], returning the balance after it (same transaction). With an
+    /// `idempotency_key`, a second call with the same key adds nothing and returns the first
+    /// top-up (`replayed`); the same key with another tenant or amount is a `Conflict`.
+    async fn top_up_once(
+        &self,
+        tenant: TenantId,
+        amount: Pen,
+        note: &str,
+        idempotency_key: Option<&str>,
+    ) -> StoreResult<TopUpOutcome>;
     async fn balance(&self, tenant: TenantId) -> StoreResult<Balance>;
 
     /// Records request rows atomically and idempotently: a row whose `request_id` is already in
     /// the ledger is skipped. For each new row the tenant's balance and `replica`'s lease on it
-    /// drop by the charge (the lease not below zero). Returns how many rows were new.
+    /// drop by the charge (the lease not below zero). Returns how many rows were new. A row
+    /// that can never be written fails the whole call with `Invalid` (or `NotFound` for an
+    /// unknown tenant), nothing written.
     async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<u64>;
+    /// Puts a row that `record` refused into the dead-letter table (idempotent by request id).
+    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()>;
+    /// The dead-letter table, oldest first.
+    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>>;
 
     /// Leases up to `want` of the tenant's unleased balance to `replica` and returns what was
     /// granted (possibly zero). Refreshes the replica's heartbeat.
-    async fn acquire_lease(&self, replica: &str, tenant: TenantId, want: Pen) -> StoreResult<Pen>;
+    async fn acquire_lease(&self, replica: &str, tenant: TenantId, want: Pen) -> StoreResult<Pen> {
+        Ok(self.grant_lease(replica, tenant, want).await?.granted)
+    }
+    /// [`Store::acquire_lease`], also returning the replica's whole lease on the tenant after
+    /// the grant, so the replica can correct its view (a lease reclaimed behind its back, an
+    /// earlier grant whose reply was lost).
+    async fn grant_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        want: Pen,
+    ) -> StoreResult<LeaseGrant>;
     /// Gives back up to `amount` of `replica`'s lease on the tenant.
     async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()>;
-    /// Marks every lease of `replica` as alive now.
-    async fn heartbeat(&self, replica: &str) -> StoreResult<()>;
+    /// Marks every lease of `replica` as alive now and returns them (tenant, amount) as they
+    /// stand, so the replica can reconcile its view (a reclaimed lease is missing).
+    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, Pen)>>;
     /// Deletes leases whose heartbeat is older than `now - max_age_ms`; returns how many.
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64>;
     /// Deletes every lease of `replica` (at start and at clean shutdown).
@@ -239,6 +343,12 @@ pub trait Store: Send + Sync {
 
     /// The request rows of a tenant (all tenants if `None`), oldest first; for audits and tests.
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>>;
+}
+
+/// Checks that a request row can be written by every backend (the charge and the counts fit
+/// their columns): a row failing this is refused by [`Store::record`] with `Invalid`.
+pub fn validate_row(row: &LedgerRow) -> StoreResult<()> {
+    rows::check_row(row).map(|_| ())
 }
 
 /// Milliseconds since the Unix epoch, now.

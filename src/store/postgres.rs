@@ -26,11 +26,14 @@
 //! **Cheap polls.** `keys_version` is one primary-key lookup with no parameters, sent as a
 //! simple query on a pooled connection: one round trip.
 
-use super::rows::{check_row, check_top_up, period_bounds, RawLedgerRow};
+use super::rows::{
+    check_idempotency_key, check_row, check_top_up, period_bounds, top_up_entry_id, RawLedgerRow,
+};
 use super::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text, u64_to_i64};
 use super::{
-    now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LedgerRow, ModelTotals, NewKey,
-    Statement, Store, StoreError, StoreResult, Tenant, TenantId, TenantSummary, TopUp, UnixMs,
+    now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow, ModelTotals,
+    NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId,
+    TenantSummary, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::config::redact_url;
 use crate::money::Pen;
@@ -277,8 +280,14 @@ impl PgStore {
         Ok(store)
     }
 
+    /// A data exception (SQLSTATE class 22) or constraint violation (class 23) is the input's
+    /// fault and would fail again (`Invalid`); anything else may be transient (`Backend`).
     fn db_error(&self, e: &tokio_postgres::Error) -> StoreError {
-        StoreError::Backend(format!("postgres {}: {}", self.pool.name, error_text(e)))
+        let text = format!("postgres {}: {}", self.pool.name, error_text(e));
+        match e.code().map(|c| c.code()) {
+            Some(c) if c.starts_with("22") || c.starts_with("23") => StoreError::Invalid(text),
+            _ => StoreError::Backend(text),
+        }
     }
 
     async fn migrate(&self) -> StoreResult<()> {
@@ -620,11 +629,39 @@ async fn top_up_tx(
     amount: Pen,
     delta: i64,
     note: &str,
-) -> PgResult<TopUp> {
+    id: &str,
+) -> PgResult<TopUpOutcome> {
     let now = now_ms();
-    let id = crate::keys::random_id("topup_", 20);
     let tx = client.transaction().await?;
-    lock_tenant(&tx, tenant).await?;
+    let balance = lock_tenant(&tx, tenant).await?;
+    // An idempotent top-up's id is derived from its key; the tenant lock serialises two
+    // retries of the same top-up of one tenant, and the primary key any others.
+    let earlier = tx
+        .query_typed_opt(
+            "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = $1",
+            &[(&id, Type::TEXT)],
+        )
+        .await?;
+    if let Some(r) = earlier {
+        let (t, d): (i64, i64) = (r.try_get(0)?, r.try_get(1)?);
+        if t != tenant || d != delta {
+            return Err(StoreError::Conflict(format!(
+                "the idempotency key of top-up {id} was already used for another tenant or amount"
+            ))
+            .into());
+        }
+        return Ok(TopUpOutcome {
+            top_up: TopUp {
+                id: id.to_owned(),
+                tenant_id: tenant,
+                amount,
+                at: r.try_get(2)?,
+                note: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
+            },
+            balance,
+            replayed: true,
+        });
+    }
     tx.execute_typed(
         "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
          VALUES ($1, 'topup', $2, $3, $4, $5)",
@@ -636,19 +673,35 @@ async fn top_up_tx(
             (&note, Type::TEXT),
         ],
     )
-    .await?;
-    tx.execute_typed(
-        "UPDATE tenants SET balance = balance + $2::numeric WHERE id = $1",
-        &[(&tenant, Type::INT8), (&pen_to_text(amount), Type::TEXT)],
-    )
-    .await?;
+    .await
+    .map_err(|e| {
+        if is_unique_violation(&e) {
+            PgErr::Store(StoreError::Conflict(format!(
+                "the idempotency key of top-up {id} was already used for another tenant"
+            )))
+        } else {
+            PgErr::Db(e)
+        }
+    })?;
+    let after = tx
+        .query_typed_one(
+            "UPDATE tenants SET balance = balance + $2::numeric WHERE id = $1
+             RETURNING balance::text",
+            &[(&tenant, Type::INT8), (&pen_to_text(amount), Type::TEXT)],
+        )
+        .await?;
+    let balance = pen_from_text(&after.try_get::<_, String>(0)?, "tenants.balance")?;
     tx.commit().await?;
-    Ok(TopUp {
-        id,
-        tenant_id: tenant,
-        amount,
-        at: now,
-        note: note.to_owned(),
+    Ok(TopUpOutcome {
+        top_up: TopUp {
+            id: id.to_owned(),
+            tenant_id: tenant,
+            amount,
+            at: now,
+            note: note.to_owned(),
+        },
+        balance,
+        replayed: false,
     })
 }
 
@@ -683,6 +736,8 @@ struct Batch {
     output: Vec<i64>,
     status: Vec<String>,
     http_status: Vec<i32>,
+    unbilled: Vec<i64>,
+    input_estimated: Vec<bool>,
 }
 
 fn batch_of(rows: &[LedgerRow]) -> StoreResult<Batch> {
@@ -707,6 +762,8 @@ fn batch_of(rows: &[LedgerRow]) -> StoreResult<Batch> {
         b.output.push(p.output);
         b.status.push(row.status.clone());
         b.http_status.push(i32::from(row.http_status));
+        b.unbilled.push(p.unbilled);
+        b.input_estimated.push(row.input_estimated);
     }
     Ok(b)
 }
@@ -733,12 +790,13 @@ async fn record_tx(client: &mut Client, replica: &str, b: &Batch) -> PgResult<u6
     let inserted = tx
         .query_typed(
             "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, key_id, model, format,
-                                 input_tokens, cached_tokens, output_tokens, status, http_status)
-             SELECT e, 'request', t, a, d, k, m, f, i, c, o, s, h
+                                 input_tokens, cached_tokens, output_tokens, status, http_status,
+                                 unbilled, input_estimated)
+             SELECT e, 'request', t, a, d, k, m, f, i, c, o, s, h, ub, ie
                FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[],
                            $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::text[],
-                           $12::int4[])
-                    AS u(e, t, a, d, k, m, f, i, c, o, s, h)
+                           $12::int4[], $13::int8[], $14::bool[])
+                    AS u(e, t, a, d, k, m, f, i, c, o, s, h, ub, ie)
              ON CONFLICT (entry_id) DO NOTHING
              RETURNING tenant_id, delta",
             &[
@@ -754,6 +812,8 @@ async fn record_tx(client: &mut Client, replica: &str, b: &Batch) -> PgResult<u6
                 (&b.output, Type::INT8_ARRAY),
                 (&b.status, Type::TEXT_ARRAY),
                 (&b.http_status, Type::INT4_ARRAY),
+                (&b.unbilled, Type::INT8_ARRAY),
+                (&b.input_estimated, Type::BOOL_ARRAY),
             ],
         )
         .await?;
@@ -795,15 +855,18 @@ async fn acquire_lease_tx(
     replica: &str,
     tenant: TenantId,
     want: Pen,
-) -> PgResult<Pen> {
+) -> PgResult<LeaseGrant> {
     let tx = client.transaction().await?;
     let balance = lock_tenant(&tx, tenant).await?;
     let leased = tx
         .query_typed_one(
-            "SELECT COALESCE(SUM(amount), 0)::text FROM leases WHERE tenant_id = $1",
-            &[(&tenant, Type::INT8)],
+            "SELECT COALESCE(SUM(amount), 0)::text,
+                    COALESCE(SUM(amount) FILTER (WHERE replica = $2), 0)::text
+               FROM leases WHERE tenant_id = $1",
+            &[(&tenant, Type::INT8), (&replica, Type::TEXT)],
         )
         .await?;
+    let own = pen_from_text(&leased.try_get::<_, String>(1)?, "leases.amount")?;
     let leased = pen_from_text(&leased.try_get::<_, String>(0)?, "leases.amount")?;
     let grant = want.min(balance - leased).max(Pen::ZERO);
     if grant > Pen::ZERO {
@@ -836,7 +899,12 @@ async fn acquire_lease_tx(
         .await?;
     }
     tx.commit().await?;
-    Ok(grant)
+    // The tenant row lock held the other writers of this lease off until commit (release and
+    // record of this replica only shrink it), so `own + grant` is what was committed.
+    Ok(LeaseGrant {
+        granted: grant,
+        held: own + grant,
+    })
 }
 
 async fn release_lease_q(
@@ -861,18 +929,63 @@ async fn release_lease_q(
     Ok(())
 }
 
-async fn heartbeat_q(client: &mut Client, replica: &str) -> PgResult<()> {
-    client
-        .execute_typed(
+async fn heartbeat_q(client: &mut Client, replica: &str) -> PgResult<Vec<(TenantId, Pen)>> {
+    let rows = client
+        .query_typed(
             concat!(
                 "UPDATE leases SET heartbeat_at = ",
                 db_now_ms!(),
-                " WHERE replica = $1"
+                " WHERE replica = $1 RETURNING tenant_id, amount::text"
             ),
             &[(&replica, Type::TEXT)],
         )
         .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.push((
+            r.try_get::<_, i64>(0)?,
+            pen_from_text(&r.try_get::<_, String>(1)?, "leases.amount")?,
+        ));
+    }
+    Ok(out)
+}
+
+async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
+    client
+        .execute_typed(
+            "INSERT INTO ledger_rejects (request_id, tenant_id, row_json, reason, rejected_at)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (request_id) DO NOTHING",
+            &[
+                (&row.request_id, Type::TEXT),
+                (&row.tenant_id, Type::INT8),
+                (&row.to_json(), Type::TEXT),
+                (&reason, Type::TEXT),
+                (&now_ms(), Type::INT8),
+            ],
+        )
+        .await?;
     Ok(())
+}
+
+async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<RejectedRow>> {
+    let rows = client
+        .query_typed(
+            "SELECT request_id, tenant_id, row_json, reason, rejected_at
+               FROM ledger_rejects ORDER BY rejected_at, request_id",
+            &[],
+        )
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.push(RejectedRow {
+            request_id: r.try_get(0)?,
+            tenant_id: r.try_get(1)?,
+            row_json: r.try_get(2)?,
+            reason: r.try_get(3)?,
+            rejected_at: r.try_get(4)?,
+        });
+    }
+    Ok(out)
 }
 
 async fn reclaim_q(client: &mut Client, max_age_ms: i64) -> PgResult<u64> {
@@ -979,7 +1092,7 @@ async fn ledger_rows_q(client: &mut Client, tenant: Option<TenantId>) -> PgResul
     let rows = client
         .query_typed(
             "SELECT entry_id, at, tenant_id, key_id, model, format, input_tokens, cached_tokens,
-                    output_tokens, delta, status, http_status
+                    output_tokens, delta, status, http_status, unbilled, input_estimated
                FROM ledger
               WHERE kind = 'request' AND ($1::bigint IS NULL OR tenant_id = $1)
               ORDER BY at, entry_id",
@@ -1001,6 +1114,8 @@ async fn ledger_rows_q(client: &mut Client, tenant: Option<TenantId>) -> PgResul
             delta: r.try_get(9)?,
             status: r.try_get::<_, Option<String>>(10)?.unwrap_or_default(),
             http_status: i64::from(r.try_get::<_, Option<i32>>(11)?.unwrap_or(0)),
+            unbilled: r.try_get(12)?,
+            input_estimated: r.try_get(13)?,
         };
         out.push(raw.into_row()?);
     }
@@ -1045,9 +1160,19 @@ impl Store for PgStore {
         with_retry!(self, c => active_keys_q(c))
     }
 
-    async fn top_up(&self, tenant: TenantId, amount: Pen, note: &str) -> StoreResult<TopUp> {
+    async fn top_up_once(
+        &self,
+        tenant: TenantId,
+        amount: Pen,
+        note: &str,
+        idempotency_key: Option<&str>,
+    ) -> StoreResult<TopUpOutcome> {
         let delta = check_top_up(amount)?;
-        with_retry!(self, c => top_up_tx(c, tenant, amount, delta, note))
+        if let Some(k) = idempotency_key {
+            check_idempotency_key(k)?;
+        }
+        let id = top_up_entry_id(idempotency_key);
+        with_retry!(self, c => top_up_tx(c, tenant, amount, delta, note, &id))
     }
 
     async fn balance(&self, tenant: TenantId) -> StoreResult<Balance> {
@@ -1062,7 +1187,12 @@ impl Store for PgStore {
         with_retry!(self, c => record_tx(c, replica, &batch))
     }
 
-    async fn acquire_lease(&self, replica: &str, tenant: TenantId, want: Pen) -> StoreResult<Pen> {
+    async fn grant_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        want: Pen,
+    ) -> StoreResult<LeaseGrant> {
         with_retry!(self, c => acquire_lease_tx(c, replica, tenant, want))
     }
 
@@ -1073,8 +1203,16 @@ impl Store for PgStore {
         with_retry!(self, c => release_lease_q(c, replica, tenant, amount))
     }
 
-    async fn heartbeat(&self, replica: &str) -> StoreResult<()> {
+    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, Pen)>> {
         with_retry!(self, c => heartbeat_q(c, replica))
+    }
+
+    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
+        with_retry!(self, c => reject_q(c, row, reason))
+    }
+
+    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
+        with_retry!(self, c => rejected_rows_q(c))
     }
 
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {

@@ -18,13 +18,16 @@
 //! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
 //! sums use split halves so they can neither overflow nor become floats.
 
-use super::rows::{check_row, check_top_up, period_bounds, RawLedgerRow};
+use super::rows::{
+    check_idempotency_key, check_row, check_top_up, period_bounds, top_up_entry_id, RawLedgerRow,
+};
 use super::sql_money::{
     i128_to_u64, i64_to_u64, pen_from_text, pen_to_text, recombine, sqlite_split_sum, u64_to_i64,
 };
 use super::{
-    now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LedgerRow, ModelTotals, NewKey,
-    Statement, Store, StoreError, StoreResult, Tenant, TenantId, TenantSummary, TopUp, UnixMs,
+    now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow, ModelTotals,
+    NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId,
+    TenantSummary, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::money::Pen;
 use async_trait::async_trait;
@@ -266,7 +269,7 @@ fn hash_from_blob(blob: Vec<u8>) -> StoreResult<[u8; 32]> {
 }
 
 const LEDGER_ROW_COLUMNS: &str = "entry_id, at, tenant_id, key_id, model, format, input_tokens, \
-     cached_tokens, output_tokens, delta, status, http_status";
+     cached_tokens, output_tokens, delta, status, http_status, unbilled, input_estimated";
 
 fn ledger_row_from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawLedgerRow> {
     Ok(RawLedgerRow {
@@ -282,6 +285,8 @@ fn ledger_row_from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawLedgerRow> 
         delta: r.get(9)?,
         status: r.get::<_, Option<String>>(10)?.unwrap_or_default(),
         http_status: r.get::<_, Option<i64>>(11)?.unwrap_or(0),
+        unbilled: r.get(12)?,
+        input_estimated: r.get::<_, i64>(13)? != 0,
     })
 }
 
@@ -575,14 +580,49 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn top_up(&self, tenant: TenantId, amount: Pen, note: &str) -> StoreResult<TopUp> {
+    async fn top_up_once(
+        &self,
+        tenant: TenantId,
+        amount: Pen,
+        note: &str,
+        idempotency_key: Option<&str>,
+    ) -> StoreResult<TopUpOutcome> {
         let delta = check_top_up(amount)?;
+        if let Some(k) = idempotency_key {
+            check_idempotency_key(k)?;
+        }
         let note = note.to_owned();
+        let id = top_up_entry_id(idempotency_key);
         self.run(move |conn| {
             let now = now_ms();
-            let id = crate::keys::random_id("topup_", 20);
             let tx = write_tx(conn)?;
             let balance = read_balance(&tx, tenant)?;
+            let earlier: Option<(i64, i64, i64, Option<String>)> = tx
+                .query_row(
+                    "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = ?1",
+                    params![id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+                .optional()
+                .map_err(sql_err)?;
+            if let Some((t, d, at, n)) = earlier {
+                if t != tenant || d != delta {
+                    return Err(StoreError::Conflict(format!(
+                        "the idempotency key of top-up {id} was already used for another tenant or amount"
+                    )));
+                }
+                return Ok(TopUpOutcome {
+                    top_up: TopUp {
+                        id,
+                        tenant_id: tenant,
+                        amount,
+                        at,
+                        note: n.unwrap_or_default(),
+                    },
+                    balance,
+                    replayed: true,
+                });
+            }
             tx.execute(
                 "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
                  VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
@@ -591,12 +631,16 @@ impl Store for SqliteStore {
             .map_err(sql_err)?;
             write_balance(&tx, tenant, balance + amount)?;
             tx.commit().map_err(sql_err)?;
-            Ok(TopUp {
-                id,
-                tenant_id: tenant,
-                amount,
-                at: now,
-                note,
+            Ok(TopUpOutcome {
+                top_up: TopUp {
+                    id,
+                    tenant_id: tenant,
+                    amount,
+                    at: now,
+                    note,
+                },
+                balance: balance + amount,
+                replayed: false,
             })
         })
         .await
@@ -639,8 +683,9 @@ impl Store for SqliteStore {
                     .prepare_cached(
                         "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, key_id, model,
                                              format, input_tokens, cached_tokens, output_tokens,
-                                             status, http_status)
-                         VALUES (?1, 'request', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                                             status, http_status, unbilled, input_estimated)
+                         VALUES (?1, 'request', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
+                                 ?13, ?14)
                          ON CONFLICT (entry_id) DO NOTHING",
                     )
                     .map_err(sql_err)?;
@@ -659,6 +704,8 @@ impl Store for SqliteStore {
                             p.output,
                             row.status,
                             row.http_status,
+                            p.unbilled,
+                            i64::from(row.input_estimated),
                         ])
                         .map_err(sql_err)?;
                     if n == 1 {
@@ -693,7 +740,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn acquire_lease(&self, replica: &str, tenant: TenantId, want: Pen) -> StoreResult<Pen> {
+    async fn grant_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        want: Pen,
+    ) -> StoreResult<LeaseGrant> {
         let replica = replica.to_owned();
         self.run(move |conn| {
             let now = now_ms();
@@ -703,12 +755,15 @@ impl Store for SqliteStore {
             let leased: Pen = leases.iter().map(|l| l.1).sum();
             let own = leases.iter().find(|l| l.0 == replica).map(|l| l.1);
             let grant = want.min(balance - leased).max(Pen::ZERO);
+            let current = own.unwrap_or_default();
             if grant > Pen::ZERO || own.is_some() {
-                let current = own.unwrap_or_default();
                 write_lease(&tx, tenant, &replica, current + grant, Some(now))?;
             }
             tx.commit().map_err(sql_err)?;
-            Ok(grant)
+            Ok(LeaseGrant {
+                granted: grant,
+                held: current + grant,
+            })
         })
         .await
     }
@@ -731,13 +786,73 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn heartbeat(&self, replica: &str) -> StoreResult<()> {
+    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, Pen)>> {
         let replica = replica.to_owned();
         self.run(move |conn| {
-            conn.prepare_cached("UPDATE leases SET heartbeat_at = ?2 WHERE replica = ?1")
+            let tx = write_tx(conn)?;
+            tx.prepare_cached("UPDATE leases SET heartbeat_at = ?2 WHERE replica = ?1")
                 .and_then(|mut s| s.execute(params![replica, now_ms()]))
                 .map_err(sql_err)?;
+            let mut out = Vec::new();
+            {
+                let mut stmt = tx
+                    .prepare_cached("SELECT tenant_id, amount FROM leases WHERE replica = ?1")
+                    .map_err(sql_err)?;
+                let rows = stmt
+                    .query_map(params![replica], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                    })
+                    .map_err(sql_err)?;
+                for row in rows {
+                    let (tenant, amount) = row.map_err(sql_err)?;
+                    out.push((tenant, pen_from_text(&amount, "leases.amount")?));
+                }
+            }
+            tx.commit().map_err(sql_err)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
+        let (id, tenant, json, reason) = (
+            row.request_id.clone(),
+            row.tenant_id,
+            row.to_json(),
+            reason.to_owned(),
+        );
+        self.run(move |conn| {
+            conn.execute(
+                "INSERT INTO ledger_rejects (request_id, tenant_id, row_json, reason, rejected_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (request_id) DO NOTHING",
+                params![id, tenant, json, reason, now_ms()],
+            )
+            .map_err(sql_err)?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare(
+                    "SELECT request_id, tenant_id, row_json, reason, rejected_at
+                       FROM ledger_rejects ORDER BY rejected_at, request_id",
+                )
+                .map_err(sql_err)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok(RejectedRow {
+                        request_id: r.get(0)?,
+                        tenant_id: r.get(1)?,
+                        row_json: r.get(2)?,
+                        reason: r.get(3)?,
+                        rejected_at: r.get(4)?,
+                    })
+                })
+                .map_err(sql_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(sql_err)
         })
         .await
     }

@@ -1,5 +1,6 @@
 """Two gateway replicas on one PostgreSQL: shared keys (revocation within 2 s) and one balance,
-shared exactly, never overdrawn.
+spent exactly by both at once with requests that cost their whole reservation, never overdrawn,
+nothing left stranded in leases once idle.
 
 Needs the throwaway server scripts/test.sh starts (QUIPU_TEST_PG_URL); without it the tests
 fail and say so.
@@ -68,32 +69,96 @@ def test_a_key_revoked_through_one_replica_is_refused_by_the_other(pair):
         time.sleep(0.05)
 
 
-def test_the_balance_is_shared_exactly_and_never_overdrawn(pair):
-    a, b, _ = pair
-    _, secret = a.new_tenant("shared-money", top_up="10.00")
+MAX_COST_TOKENS = 500
+WORST = MAX_COST_TOKENS * Decimal("300.00") / 1_000_000  # S/ 0.15 at the prices below
+
+
+@pytest.fixture(scope="module")
+def pricey_pair(workdir, pg_url):
+    """Two replicas on one database; apu has free input and S/ 300 per million output tokens,
+    so a request that generates exactly its max_tokens costs exactly its reservation."""
+    sim = Sim(workdir, name="sim-pg-pricey").start()
+    gws = []
+    for name in ("quipu-pg-pa", "quipu-pg-pb"):
+        gw = Gateway(workdir, {"apu": [sim.api_base]}, store_url=pg_url, name=name)
+        gw.config_text = gw.config_text.replace(
+            'prices = { input = "3.00", cached = "0.75", output = "12.00" }',
+            'prices = { input = "0.00", cached = "0.00", output = "300.00" }',
+        )
+        assert 'output = "300.00"' in gw.config_text
+        gw.config_path.write_text(gw.config_text)
+        gws.append(gw.start())
+    yield gws[0], gws[1], sim, pg_url
+    for gw in gws:
+        gw.stop()
+    sim.stop()
+
+
+def psql(url: str, sql: str) -> list[str]:
+    r = subprocess.run(["psql", url, "-Atc", sql], check=True, capture_output=True, text=True)
+    return [line for line in r.stdout.splitlines() if line]
+
+
+def leased(gw, tenant: str) -> Decimal:
+    (t,) = [t for t in gw.cli("tenant", "list")["tenants"] if t["name"] == tenant]
+    return Decimal(t["leased"])
+
+
+def test_the_balance_is_shared_exactly_and_never_overdrawn(pricey_pair):
+    a, b, _, url = pricey_pair
+    balance = Decimal("10.00")
+    _, secret = a.new_tenant("shared-money", top_up=str(balance))
     b.wait_key(secret)
-    results: list[int] = []
+    results: list[tuple[int, str | None]] = []
     lock = threading.Lock()
+    barrier = threading.Barrier(48)
 
     def go(i):
         gw = a if i % 2 else b
-        s = chat(gw, secret, "[[sim: tokens=1000]]")
+        if i < 48:
+            barrier.wait()
+        s, _, hdrs = http_json(
+            "POST", gw.base + "/v1/chat/completions",
+            {"model": "apu", "max_tokens": MAX_COST_TOKENS,
+             "messages": [{"role": "user", "content": "[[sim: tokens=100000 delay_ms=1]]"}]},
+            {"Authorization": f"Bearer {secret}"}, timeout=60,
+        )
         with lock:
-            results.append(s)
+            results.append((s, hdrs.get("x-request-id")))
 
-    # apu: 1000 output tokens at S/ 12 per million = S/ 0.012 each, so S/ 10 pays for about
-    # 830 of the 3000; the worst case reserved per request is about S/ 0.1.
-    with cf.ThreadPoolExecutor(32) as pool:
-        list(pool.map(go, range(3000)))
-    ok = results.count(200)
-    refused = results.count(402)
-    assert ok + refused == len(results), sorted(set(results))
-    assert ok > 100
-    time.sleep(1.0)
+    # 120 requests of S/ 0.15 each at most, for S/ 10: both replicas run out together.
+    with cf.ThreadPoolExecutor(48) as pool:
+        list(pool.map(go, range(120)))
+    statuses = [s for s, _ in results]
+    admitted = sorted(rid for s, rid in results if s == 200)
+    assert statuses.count(200) + statuses.count(402) == len(results), sorted(set(statuses))
+    # Each replica can be left holding less than one request's worth it cannot use; beyond
+    # that, every sol is spent and none twice.
+    most = int(balance // WORST)
+    assert most - 2 < len(admitted) <= most, len(admitted)
+
+    deadline = time.time() + 10
+    while True:
+        rows = psql(url, "SELECT entry_id || ' ' || delta FROM ledger WHERE kind = 'request' AND tenant_id = "
+                    "(SELECT id FROM tenants WHERE name = 'shared-money') ORDER BY entry_id")
+        if len(rows) >= len(admitted) or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    ids = [r.split()[0] for r in rows]
+    assert ids == admitted, "every admitted request has exactly one ledger row"
+    assert all(Decimal(-int(r.split()[1])) / Decimal(10**12) == WORST for r in rows)
     st = a.cli("statement", "--tenant", "shared-money")
     charges = Decimal(st["totals"]["charges"])
-    assert st["totals"]["requests"] == ok
-    assert Decimal(st["balance"]) == Decimal("10.00") - charges
-    assert Decimal(st["balance"]) >= 0
-    st_b = b.cli("statement", "--tenant", "shared-money")
-    assert st_b["balance"] == st["balance"], "both replicas read the same balance"
+    assert charges == WORST * len(admitted)
+    assert Decimal(st["balance"]) == balance - charges >= 0
+    assert Decimal(st["balance"]) < 2 * WORST
+    assert b.cli("statement", "--tenant", "shared-money")["balance"] == st["balance"]
+    # What is left sits in the replicas' leases (at most a request's worth each) until they
+    # return them after a few idle seconds.
+    held = leased(a, "shared-money")
+    assert 0 <= held <= Decimal(st["balance"]), held
+    deadline = time.time() + 15
+    while leased(a, "shared-money") != 0:
+        assert time.time() < deadline, "idle leases were not returned"
+        time.sleep(0.2)
+    assert Decimal(a.cli("statement", "--tenant", "shared-money")["balance"]) == balance - charges
