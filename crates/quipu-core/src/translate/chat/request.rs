@@ -6,6 +6,9 @@
 //! writes the upstream JSON directly. Client values that pass validation are copied as the
 //! client wrote them (their raw JSON text), so nothing is re-encoded on the way.
 //!
+//! A prompt needs at least one user or assistant message (system messages alone are a 400, as
+//! is a `content` that is an empty array of parts).
+//!
 //! Each message is rebuilt from its known fields (`role`, `content`, `name`, `tool_calls`,
 //! `tool_call_id`, and reasoning history) so that per-message extras do not leak upstream.
 
@@ -732,6 +735,9 @@ fn write_messages(
     }
     // Tool call ids announced by assistant messages and not yet answered.
     let mut open_calls: HashSet<String> = HashSet::new();
+    // User and assistant messages: system messages alone are no conversation (chat templates
+    // raise on them, e.g. Qwen3's "No user query found in messages").
+    let mut turns = 0usize;
     out.push(b'[');
     for (i, m) in messages.into_iter().enumerate() {
         let at = Index(&"messages", i);
@@ -744,8 +750,14 @@ fn write_messages(
         let role = str_field(role_raw, p("role"))?;
         let role: &str = match role.as_ref() {
             "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
+            "user" => {
+                turns += 1;
+                "user"
+            }
+            "assistant" => {
+                turns += 1;
+                "assistant"
+            }
             "tool" => "tool",
             other => {
                 return Err(ApiError::invalid(
@@ -860,6 +872,12 @@ fn write_messages(
         }
         out.push(b'}');
     }
+    if turns == 0 {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must contain at least one user or assistant message; system messages alone are not a conversation",
+        ));
+    }
     out.push(b']');
     Ok(())
 }
@@ -881,6 +899,12 @@ fn validate_content(
             "`content` must be a string or an array of content parts ({\"type\":\"text\",…} or {\"type\":\"image_url\",…})",
         )
     })?;
+    if parts.is_empty() {
+        return Err(ApiError::invalid(
+            param.to_string(),
+            "`content` must not be an empty array; send at least one content part",
+        ));
+    }
     for (j, part) in parts.iter().enumerate() {
         let pp = Index(param, j);
         match part.kind.as_ref() {
@@ -1180,6 +1204,36 @@ mod tests {
                 "{body} -> {e:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_prompt_needs_a_user_or_assistant_turn_and_parts() {
+        for messages in [
+            json!([{"role": "system", "content": "be brief"}]),
+            json!([{"role": "developer", "content": ""}, {"role": "system", "content": [{"type": "text", "text": "x"}]}]),
+        ] {
+            let e = err(json!({"model": "colibri", "messages": messages}));
+            assert_eq!(
+                e.kind,
+                ErrorKind::InvalidRequest {
+                    param: Some("messages".into())
+                },
+                "{messages}"
+            );
+            assert!(e.message.contains("user or assistant"), "{}", e.message);
+        }
+        // An empty parts array is no content (the vendor rejects it too).
+        let e = err(json!({"model": "colibri", "messages": [{"role": "user", "content": []}]}));
+        assert_eq!(
+            e.kind,
+            ErrorKind::InvalidRequest {
+                param: Some("messages[0].content".into())
+            }
+        );
+        let (_, up) = translate(json!({"model": "colibri", "messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": ""}]}))
+        .unwrap();
+        assert_eq!(up["messages"][1], json!({"role": "user", "content": ""}));
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! - `system` (string, or text blocks joined with `"\n\n"`) → one `system` message first.
 //!   Claude Code's per-request `x-anthropic-billing-header: …` text block is dropped: it
 //!   changes with every conversation and would defeat the upstream's prefix cache.
-//! - `role:"system"` entries inside `messages` → `system` messages in place.
+//! - `role:"system"` entries inside `messages` → `system` messages in place. A prompt needs at
+//!   least one user or assistant message: `system` entries alone are a 400 (an empty one
+//!   writes nothing, so they could otherwise reach the upstream as `"messages":[]`).
 //! - user blocks → first one `tool` message per `tool_result` (block order), then one `user`
 //!   message with the images found inside tool results (the `tool` role takes text only),
 //!   then one `user` message with the remaining text/image blocks in order. Tool results go
@@ -267,6 +269,9 @@ struct Writer<'c, 'a> {
     /// turn, as the vendor merges them): what a `tool_result` may answer.
     open_ids: Vec<Cow<'a, str>>,
     prev_assistant: bool,
+    /// User and assistant messages written: a prompt of `system` entries alone is no
+    /// conversation (and an empty `system` writes nothing at all).
+    turns: usize,
 }
 
 /// Validates the prompt and writes `"messages":[…]` and, if there are tools, `,"tools":[…]`.
@@ -284,6 +289,7 @@ pub fn write_prompt<'a>(
         names: ToolNames::default(),
         open_ids: Vec::new(),
         prev_assistant: false,
+        turns: 0,
     };
     let tools = input
         .tools
@@ -310,6 +316,12 @@ pub fn write_prompt<'a>(
     let last = messages.len() - 1;
     for (i, m) in messages.iter().enumerate() {
         w.write_message(m, i, i == last, out)?;
+    }
+    if w.turns == 0 {
+        return Err(invalid(
+            "messages".into(),
+            "must contain at least one user or assistant message; `system` entries alone are not a conversation",
+        ));
     }
     out.push(b']');
     let messages_range = start..out.len();
@@ -494,6 +506,7 @@ impl<'a> Writer<'_, 'a> {
         match rawjson::decode(role).as_deref() {
             Some("user") => {
                 self.prev_assistant = false;
+                self.turns += 1;
                 self.write_user(content, i, out)
             }
             Some("assistant") => {
@@ -501,6 +514,7 @@ impl<'a> Writer<'_, 'a> {
                     self.open_ids.clear();
                 }
                 self.prev_assistant = true;
+                self.turns += 1;
                 self.write_assistant(content, i, is_last, out)
             }
             Some("system") => write_system(content, &|| p("content"), out),

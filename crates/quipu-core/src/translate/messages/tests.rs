@@ -884,6 +884,43 @@ fn c16_missing_required_fields_are_400_in_the_messages_envelope() {
     }
 }
 
+#[test]
+fn system_entries_alone_are_400_not_an_empty_upstream_prompt() {
+    // Found by the messages_request fuzz target: an empty `system` entry writes nothing, so
+    // these used to reach the upstream as `"messages":[]`.
+    let billing = json!([{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"}]);
+    for messages in [
+        json!([{"role": "system", "content": ""}]),
+        json!([{"role": "system", "content": []}]),
+        json!([{"role": "system", "content": billing}]),
+        json!([{"role": "system", "content": "Be brief."}]),
+        json!([{"role": "system", "content": "a"}, {"role": "system", "content": "b"}]),
+    ] {
+        let v = json!({"model": "colibri", "max_tokens": 1, "messages": messages});
+        let e = reject(&v);
+        assert_eq!(param(&e), "messages", "{v}");
+        assert!(e.message.contains("user or assistant"), "{}", e.message);
+        assert_eq!(e.status(ClientFormat::Messages), 400);
+        let e = count_tokens_to_upstream(v.to_string().as_bytes(), config()).unwrap_err();
+        assert_eq!(param(&e), "messages");
+    }
+    // With a top-level system prompt too, and the exact fuzz input.
+    let mut v = base(json!([{"role": "system", "content": ""}]));
+    v["system"] = json!("Sys");
+    assert_eq!(param(&reject(&v)), "messages");
+    let e = messages_to_upstream(
+        br#"{"model":"colibri","max_tokens":1,"messages":[{"role":"system","content":""}]}"#,
+        config(),
+    )
+    .unwrap_err();
+    assert_eq!(param(&e), "messages");
+    // One real turn is enough, wherever the system entries are.
+    let m = msgs(&base(
+        json!([{"role": "system", "content": ""}, {"role": "user", "content": "hi"}]),
+    ));
+    assert_eq!(m, vec![json!({"role": "user", "content": "hi"})]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Request rules (DESIGN.md) beyond the checklist
 
