@@ -1852,13 +1852,13 @@ fn c49_upstream_statuses_before_the_first_byte_map_to_messages_errors() {
 }
 
 #[test]
-fn c50_context_overflow_becomes_prompt_is_too_long() {
+fn c50_context_overflow_becomes_the_vendors_wording() {
     let s = stream(fixture!("midstream_context_overflow"));
     let ev = events(&s.out);
     assert_eq!(ev.len(), 1);
     assert_eq!(
         ev[0].1["error"],
-        json!({"type": "invalid_request_error", "message": "prompt is too long: 8000 tokens > 8192 maximum"})
+        json!({"type": "invalid_request_error", "message": "input length and `max_tokens` exceed context limit: 8000 + 1001 > 8192, decrease input length or `max_tokens` and try again"})
     );
     // In a 200 body (non-streaming), llama.cpp's shape.
     let e = upstream_to_message(
