@@ -216,6 +216,12 @@ pub struct RawModel {
     /// cut off midway is metered exactly. Turn off for upstreams that reject the field.
     #[serde(default = "default_true")]
     pub continuous_usage: bool,
+    /// Messages format: when the last message is a non-empty assistant turn (a prefill), ask
+    /// the upstream to continue it (`continue_final_message: true, add_generation_prompt:
+    /// false`, which vLLM and SGLang understand) instead of starting a new turn after it.
+    /// Turn off for upstreams that reject the fields.
+    #[serde(default = "default_true")]
+    pub prefill: bool,
     #[serde(default = "default_tokenize_path")]
     pub tokenize_path: String,
     /// `least_loaded`, `round_robin` or `prefix_affinity`.
@@ -414,6 +420,8 @@ pub struct Model {
     pub timeouts: Timeouts,
     pub health: Health,
     pub continuous_usage: bool,
+    /// Continue a final assistant message (see [`RawModel::prefill`]).
+    pub prefill: bool,
     pub tokenize_path: String,
     pub routing: Routing,
 }
@@ -864,6 +872,8 @@ const RESERVED_UPSTREAM_FIELDS: &[&str] = &[
     "parallel_tool_calls",
     "user",
     "reasoning_effort",
+    "continue_final_message",
+    "add_generation_prompt",
 ];
 
 fn validate_models(
@@ -1013,6 +1023,7 @@ fn validate_models(
                 max_failures: m.health.max_failures.max(1),
             },
             continuous_usage: m.continuous_usage,
+            prefill: m.prefill,
             tokenize_path: m.tokenize_path,
             routing,
         });
@@ -1318,6 +1329,21 @@ routing = "random"
         let text = format!("{MINIMAL}thinking_on = {{ stream = false }}\n");
         let e = parse(&text).unwrap_err();
         assert!(e.0[0].contains("models[0].thinking_on may not set \"stream\""));
+        let text = format!("{MINIMAL}thinking_off = {{ add_generation_prompt = false }}\n");
+        let e = parse(&text).unwrap_err();
+        assert!(
+            e.0[0].contains("may not set \"add_generation_prompt\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn prefill_switch_defaults_on() {
+        assert!(parse(MINIMAL).unwrap().models[0].prefill);
+        let c = parse(&format!("{MINIMAL}prefill = false\n")).unwrap();
+        assert!(!c.models[0].prefill);
+        let e = parse(&format!("{MINIMAL}prefill = \"yes\"\n")).unwrap_err();
+        assert!(e.to_string().contains("prefill"), "{e}");
     }
 
     #[test]

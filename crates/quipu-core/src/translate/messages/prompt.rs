@@ -16,6 +16,8 @@
 //!   first even when the client wrote text before them: chat templates expect `tool` messages
 //!   right after the assistant's `tool_calls`, and user text between them is out of
 //!   distribution for tool-calling models (vllm#46321 was closed for that reason).
+//! - a final assistant message with text is a prefill ([`Prompt::prefill`]): the request
+//!   writers ask the upstream to continue it (per-model switch `prefill`).
 //! - assistant blocks → one `assistant` message: text joined into `content`, `thinking` into
 //!   `reasoning` (signature dropped), `tool_use` into `tool_calls` in order,
 //!   `redacted_thinking` dropped.
@@ -81,6 +83,9 @@ pub struct Prompt<'a> {
     pub tools_bytes: usize,
     /// Tool names: declared tools and the shortened-name map.
     pub names: ToolNames<'a>,
+    /// The last message is an assistant message with text: a prefill the model should
+    /// continue rather than answer.
+    pub prefill: bool,
 }
 
 /// A 400 whose message starts with the offending field's path (clients of the messages format
@@ -272,6 +277,8 @@ struct Writer<'c, 'a> {
     /// User and assistant messages written: a prompt of `system` entries alone is no
     /// conversation (and an empty `system` writes nothing at all).
     turns: usize,
+    /// The last message was an assistant message with text (see [`Prompt::prefill`]).
+    prefill: bool,
 }
 
 /// Validates the prompt and writes `"messages":[…]` and, if there are tools, `,"tools":[…]`.
@@ -290,6 +297,7 @@ pub fn write_prompt<'a>(
         open_ids: Vec::new(),
         prev_assistant: false,
         turns: 0,
+        prefill: false,
     };
     let tools = input
         .tools
@@ -337,6 +345,7 @@ pub fn write_prompt<'a>(
         messages_range,
         tools_bytes,
         names: w.names,
+        prefill: w.prefill,
     })
 }
 
@@ -862,6 +871,7 @@ impl<'a> Writer<'_, 'a> {
             out.extend_from_slice(b"{\"role\":\"assistant\",\"content\":");
             out.extend_from_slice(content.get().as_bytes());
             out.push(b'}');
+            self.prefill = is_last && !rawjson::str_is_empty(content);
             return Ok(());
         }
         if !is_array(content) {
@@ -919,6 +929,7 @@ impl<'a> Writer<'_, 'a> {
             out.extend_from_slice(if calls > 0 { b"null" } else { b"\"\"" });
         } else {
             out.push(b'"');
+            self.prefill = is_last;
         }
         if write_joined(out, b",\"reasoning\":\"", b"", thoughts.iter().copied()) {
             out.push(b'"');

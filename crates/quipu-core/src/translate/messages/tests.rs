@@ -326,6 +326,64 @@ fn c04_consecutive_same_role_and_prefill() {
 }
 
 #[test]
+fn prefill_asks_the_upstream_to_continue_the_final_message() {
+    let continues = |v: &Value| {
+        let u = upstream(v);
+        match (&u["continue_final_message"], &u["add_generation_prompt"]) {
+            (Value::Bool(true), Value::Bool(false)) => true,
+            (Value::Null, Value::Null) => false,
+            other => panic!("half a switch: {other:?}"),
+        }
+    };
+    let q = json!({"role": "user", "content": "q"});
+    // A prefill: string or text blocks (with thinking or a tool call besides).
+    for last in [
+        json!({"role": "assistant", "content": "{\"answer\": "}),
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Sure: "}]}),
+        json!({"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, {"type": "text", "text": "So"}]}),
+    ] {
+        assert!(continues(&base(json!([q, last]))), "{last}");
+    }
+    // Not a prefill: nothing to continue, or not the last message.
+    for messages in [
+        json!([q]),
+        json!([q, {"role": "assistant", "content": ""}]),
+        json!([q, {"role": "assistant", "content": []}]),
+        json!([q, {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}]}]),
+        json!([q, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]),
+        json!([q, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]),
+        json!([q, {"role": "assistant", "content": "a"}, {"role": "system", "content": "s"}]),
+    ] {
+        assert!(!continues(&base(messages.clone())), "{messages}");
+    }
+    // The key order of the upstream body stays fixed: after the thinking switch, before stream.
+    let mut v = base(json!([q, {"role": "assistant", "content": "Sure"}]));
+    v["model"] = json!("apu");
+    v["thinking"] = json!({"type": "disabled"});
+    v["stream"] = json!(true);
+    let body = String::from_utf8(translate(&v).body).unwrap();
+    assert!(
+        body.contains("{\"enable_thinking\":false},\"continue_final_message\":true,\"add_generation_prompt\":false,\"stream\":true"),
+        "{body}"
+    );
+    // count_tokens counts the same prompt the same way.
+    let (_, up) = count_tokens_to_upstream(v.to_string().as_bytes(), config()).unwrap();
+    let up: Value = serde_json::from_slice(&up).unwrap();
+    assert_eq!(up["continue_final_message"], true);
+    assert_eq!(up["add_generation_prompt"], false);
+    // A model whose upstream rejects the fields (llama.cpp ignores them; others may not).
+    let mut c = Config::parse(crate::config::EMBEDDED_DEFAULT, "embedded").unwrap();
+    c.models.iter_mut().for_each(|m| m.prefill = false);
+    let r = messages_to_upstream(v.to_string().as_bytes(), &c).unwrap();
+    let u: Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(u.get("continue_final_message").is_none() && u.get("add_generation_prompt").is_none());
+    let (_, up) = count_tokens_to_upstream(v.to_string().as_bytes(), &c).unwrap();
+    let up: Value = serde_json::from_slice(&up).unwrap();
+    assert_eq!(up["add_generation_prompt"], true);
+    assert!(up.get("continue_final_message").is_none());
+}
+
+#[test]
 fn c05_images_base64_url_and_in_tool_result() {
     for media in ["image/jpeg", "image/png", "image/gif", "image/webp"] {
         let m = msgs(&base(json!([{"role": "user", "content": [
