@@ -10,8 +10,10 @@
 //! - [`messages`]: messages-format requests → upstream; upstream responses and streams →
 //!   messages format (content blocks, event sequence, usage semantics).
 //! - [`upstream_error`]: upstream error bodies → client errors.
+//! - [`json_scan`]: an incremental JSON syntax check for streamed tool arguments.
 
 pub mod chat;
+pub mod json_scan;
 pub mod messages;
 pub mod splice;
 pub mod upstream_error;

@@ -15,8 +15,8 @@ use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::sse::SseDecoder;
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{
-    feed_stream, finish_stream, ResponseContext, StreamEnd, StreamTranslator, UpstreamRequest,
-    MAX_OUTPUT_TOKENS,
+    feed_stream, finish_stream, malformed_stream, ResponseContext, StreamEnd, StreamTranslator,
+    UpstreamRequest, MAX_OUTPUT_TOKENS,
 };
 use crate::usage::Usage;
 use serde_json::{json, Value};
@@ -1278,25 +1278,50 @@ fn c22_stop_sequence_vllm_sglang_and_token_id() {
 }
 
 #[test]
-fn c23_invalid_or_empty_arguments_become_empty_input() {
-    for args in [
-        json!(""),
-        json!("{\"a\": "),
-        json!("[1,2]"),
-        json!("null"),
-        json!("  "),
-        Value::Null,
-    ] {
-        let (m, _) = nonstream(&completion(
+fn c23_empty_arguments_are_empty_input_malformed_ones_an_error() {
+    let call = |args: Value, finish: &str| {
+        nonstream(&completion(
             json!({"role": "assistant", "content": null, "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]}),
-            "tool_calls",
+            finish,
             json!({"prompt_tokens": 1, "completion_tokens": 1}),
         ))
-        .unwrap();
+    };
+    // No arguments: a tool without parameters.
+    for args in [json!(""), json!("  "), Value::Null] {
+        let (m, _) = call(args.clone(), "tool_calls").unwrap();
         assert_eq!(m["content"][0]["input"], json!({}), "{args}");
     }
-    // A call without an id gets a minted one.
+    // Arguments that are not one JSON object: the upstream is broken, and saying `{}` would
+    // run the tool with an input the model never wrote. The stream says the same (c23b).
+    for args in [
+        "[1,2]",
+        "null",
+        "\"x\"",
+        "{\"a\" 1}",
+        "{\"a\":1}}",
+        "{} {}",
+        "{\"a\":1,}",
+    ] {
+        let e = call(json!(args), "tool_calls").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Upstream, "{args}");
+        assert_eq!(e.status(ClientFormat::Messages), 502);
+        assert_eq!(
+            e.message,
+            "the model server returned malformed tool arguments"
+        );
+    }
+    // Incomplete: cut off by max_tokens (a 400 that says so), or by anything else.
+    let e = call(json!("{\"a\": "), "length").unwrap_err();
+    assert_eq!(e.kind.messages_type(), "invalid_request_error");
+    assert!(
+        e.message.starts_with("max_tokens was reached"),
+        "{}",
+        e.message
+    );
+    let e = call(json!("{\"a\": "), "tool_calls").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Upstream);
+    // A call without an id gets a minted one; whitespace around the object is dropped.
     let (m, _) = nonstream(&completion(
         json!({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": " {\"x\":1} "}}]}),
         "tool_calls",
@@ -1305,6 +1330,210 @@ fn c23_invalid_or_empty_arguments_become_empty_input() {
     .unwrap();
     assert_eq!(m["content"][0]["id"], "toolu_req_1_0");
     assert_eq!(m["content"][0]["input"], json!({"x": 1}));
+}
+
+/// The same answer streamed (in `fragments`) and not: both succeed with the same message, or
+/// both fail with the same error.
+fn assert_tool_answer_agrees(fragments: &[&str], finish: &str) -> Result<Value, ApiError> {
+    let mut chunks = vec![
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}),
+            Value::Null,
+        ),
+    ];
+    for f in fragments {
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": f}}]}),
+            Value::Null,
+        ));
+    }
+    chunks.push(chunk(json!({}), json!(finish)));
+    chunks.push(usage_chunk(9, 4, 0));
+    let s = stream(&sse(&chunks));
+    validate_event_sequence(&s.out).unwrap();
+    let plain = nonstream(&completion(
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": fragments.concat()}}]}),
+        finish,
+        json!({"prompt_tokens": 9, "completion_tokens": 4}),
+    ));
+    match (&plain, &s.error) {
+        (Ok((m, _)), None) => assert_eq!(&accumulate_message(&s.out).unwrap(), m),
+        (Err(a), Some(b)) => assert_eq!(a, b, "{fragments:?}"),
+        (p, e) => panic!("{fragments:?}: non-stream {p:?}, stream {e:?}"),
+    }
+    plain.map(|(m, _)| m)
+}
+
+#[test]
+fn c23b_streamed_tool_arguments_agree_with_the_non_streaming_answer() {
+    let m = assert_tool_answer_agrees(
+        &["{\"q\": \"ñ", "andú\\\"", "\", \"n\": -1.5e", "3}"],
+        "tool_calls",
+    )
+    .unwrap();
+    assert_eq!(
+        m["content"][0]["input"],
+        json!({"q": "ñandú\"", "n": -1.5e3})
+    );
+    // Whitespace only, and whitespace around the object.
+    let m = assert_tool_answer_agrees(&["  ", "\n"], "tool_calls").unwrap();
+    assert_eq!(m["content"][0]["input"], json!({}));
+    assert_tool_answer_agrees(&[" ", "{\"a\"", ":1}", " \n"], "tool_calls").unwrap();
+    // Malformed: in the first fragment, in a later one, after a complete object.
+    for bad in [
+        &["[1]"][..],
+        &["{\"a\":1", " \"b\":2}"],
+        &["{\"a\":1}", "}"],
+        &["{\"a\":tru", "th}"],
+    ] {
+        let e = assert_tool_answer_agrees(bad, "tool_calls").unwrap_err();
+        assert_eq!(
+            e.message,
+            "the model server returned malformed tool arguments"
+        );
+    }
+    // The bad fragment itself is never forwarded: what the client got still parses as far as
+    // it goes.
+    let s = stream(fixture!("malformed_tool_arguments"));
+    let text = String::from_utf8(s.out).unwrap();
+    assert!(!text.contains("country"), "{text}");
+    // Cut off by max_tokens: an error that comes with the finish, so the usage chunk after it
+    // is read first and the tokens are billed.
+    let e =
+        assert_tool_answer_agrees(&["{\"path\": \"a\", \"content\": \"lor"], "length").unwrap_err();
+    assert_eq!(e.kind.messages_type(), "invalid_request_error");
+    let s = stream(fixture!("tool_arguments_cut_by_length"));
+    assert_eq!((s.usage.prompt_tokens, s.usage.completion_tokens), (80, 64));
+    // The finish is `length` but the call is complete: an ordinary max_tokens stop.
+    let m = assert_tool_answer_agrees(&["{\"a\":1}"], "length").unwrap();
+    assert_eq!(m["stop_reason"], "max_tokens");
+}
+
+#[test]
+fn interleaved_parallel_tool_arguments_are_held_back_not_dropped() {
+    // Fixture interleaved_parallel_tools: fragments for index 0 and 1 alternate.
+    let s = stream(fixture!("interleaved_parallel_tools"));
+    validate_event_sequence(&s.out).unwrap();
+    let m = accumulate_message(&s.out).unwrap();
+    assert_eq!(
+        m["content"],
+        json!([
+            {"type": "tool_use", "id": "call_a", "name": "get_weather", "input": {"city": "Lima"}},
+            {"type": "tool_use", "id": "call_b", "name": "get_time", "input": {"tz": "America/Lima"}}
+        ])
+    );
+    let (plain, _) = nonstream(&completion(
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Lima\"}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"America/Lima\"}"}}]}),
+        "tool_calls",
+        json!({"prompt_tokens": 120, "completion_tokens": 24}),
+    ))
+    .unwrap();
+    assert_eq!(m["content"], plain["content"]);
+    // Three calls, the held ones flushed in order once the open one completes.
+    let tc = |i: u32, args: &str| {
+        chunk(
+            json!({"tool_calls": [{"index": i, "function": {"arguments": args}}]}),
+            Value::Null,
+        )
+    };
+    let head = |i: u32| {
+        chunk(
+            json!({"tool_calls": [{"index": i, "id": format!("c{i}"), "type": "function", "function": {"name": format!("f{i}"), "arguments": ""}}]}),
+            Value::Null,
+        )
+    };
+    let s = stream(&sse(&[
+        head(0),
+        head(1),
+        head(2),
+        tc(2, "{\"z\":"),
+        tc(1, "{\"y\":"),
+        tc(0, "{\"x\":"),
+        tc(1, "2}"),
+        tc(2, "3}"),
+        tc(0, "1}"),
+        chunk(json!({}), json!("tool_calls")),
+        usage_chunk(5, 9, 0),
+    ]));
+    let m = accumulate_message(&s.out).unwrap();
+    let inputs: Vec<&Value> = m["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| &b["input"])
+        .collect();
+    assert_eq!(
+        inputs,
+        [&json!({"x": 1}), &json!({"y": 2}), &json!({"z": 3})]
+    );
+}
+
+#[test]
+fn tool_arguments_that_cannot_be_delivered_fail_loudly() {
+    // A call closed early by text, then more of its arguments: they cannot be sent.
+    let s = stream(&sse(&[
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({"content": "meanwhile"}), Value::Null),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+        usage_chunk(5, 9, 0),
+    ]));
+    validate_event_sequence(&s.out).unwrap();
+    assert_eq!(s.end, StreamEnd::Failed);
+    assert!(s
+        .error
+        .unwrap()
+        .message
+        .contains("after the call's block had to be closed"));
+    // Whitespace after a complete, closed call is harmless.
+    let s = stream(&sse(&[
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 1, "id": "c1", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": " "}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+        usage_chunk(5, 9, 0),
+    ]));
+    assert_eq!(s.end, StreamEnd::Complete);
+    // Held-back arguments are bounded.
+    let big = "x".repeat(64 * 1024);
+    let mut chunks = vec![
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":\""}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 1, "id": "c1", "type": "function", "function": {"name": "g", "arguments": "{\"b\":\""}}]}),
+            Value::Null,
+        ),
+    ];
+    for _ in 0..(stream::MAX_HELD_ARGUMENTS / big.len() + 1) {
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": big}}]}),
+            Value::Null,
+        ));
+    }
+    let s = stream(&sse(&chunks));
+    assert_eq!(s.end, StreamEnd::Failed);
+    assert!(s.error.unwrap().message.contains("hold back"));
 }
 
 #[test]
@@ -1992,15 +2221,67 @@ fn c53_flat_error_envelopes() {
 }
 
 #[test]
-fn c54_finish_abort_is_an_error() {
+fn c54_finish_abort_is_an_error_after_its_usage_is_read() {
+    // The usage chunk follows the abort chunk (continuous usage off): it is read before the
+    // error frame, so the request is billed for its input and output.
     let s = stream(fixture!("finish_abort"));
     let n = names(&s.out);
     assert_eq!(n.last().unwrap(), "error");
     assert!(!n.contains(&"content_block_stop".to_owned()));
     assert_eq!(s.end, StreamEnd::Failed);
-    assert_eq!(s.usage.prompt_tokens, 0);
-    let s = stream(&sse(&[chunk(json!({"content": "x"}), json!("error"))]));
-    assert_eq!(names(&s.out).last().unwrap(), "error");
+    assert_eq!(
+        s.usage,
+        Usage {
+            prompt_tokens: 15,
+            cached_tokens: 0,
+            completion_tokens: 3
+        }
+    );
+    assert_eq!(
+        s.error.unwrap().message,
+        "the model server aborted the generation"
+    );
+    // Nothing but usage is read after the abort; the error waits for it, then ends the stream.
+    let mut t = MessagesStream::new(ctx());
+    let mut out = Vec::new();
+    let data = |v: Value| v.to_string().into_bytes();
+    t.on_event(
+        &data(chunk(json!({"content": "Half"}), json!("abort"))),
+        &mut out,
+    );
+    assert_eq!(t.end(), StreamEnd::Open);
+    assert!(!String::from_utf8_lossy(&out).contains("error"));
+    t.on_event(
+        &data(chunk(json!({"content": "ignored"}), Value::Null)),
+        &mut out,
+    );
+    assert!(!String::from_utf8_lossy(&out).contains("ignored"));
+    t.on_event(&data(usage_chunk(15, 3, 4)), &mut out);
+    assert_eq!(t.end(), StreamEnd::Failed);
+    assert_eq!(t.usage().prompt_tokens, 15);
+    assert_eq!(names(&out).last().unwrap(), "error");
+    // Without a usage chunk: released by [DONE], by the end of the stream, or by a failure.
+    for ending in ["done", "eof", "reset"] {
+        let mut t = MessagesStream::new(ctx());
+        let mut out = Vec::new();
+        t.on_event(
+            &data(chunk(json!({"content": "x"}), json!("error"))),
+            &mut out,
+        );
+        match ending {
+            "done" => t.on_event(b"[DONE]", &mut out),
+            "eof" => t.on_end(&mut out),
+            _ => t.on_failure(&malformed_stream("reset"), &mut out),
+        }
+        assert_eq!(t.end(), StreamEnd::Failed, "{ending}");
+        assert_eq!(
+            t.error().unwrap().message,
+            "the model server failed during generation",
+            "{ending}"
+        );
+        assert_eq!(names(&out).last().unwrap(), "error");
+        validate_event_sequence(&out).unwrap();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
