@@ -1338,6 +1338,14 @@ routing = "random"
     }
 
     #[test]
+    fn absurd_rates_are_refused_at_validation() {
+        let text = MINIMAL.replace("output = \"0.80\"", "output = \"80000000\"");
+        let e = parse(&text).unwrap_err();
+        assert!(e.0[0].starts_with("models[0].prices.output:"), "{e}");
+        assert!(e.0[0].contains("S/ 1 per token"), "{e}");
+    }
+
+    #[test]
     fn prefill_switch_defaults_on() {
         assert!(parse(MINIMAL).unwrap().models[0].prefill);
         let c = parse(&format!("{MINIMAL}prefill = false\n")).unwrap();

@@ -333,7 +333,9 @@ impl ChatStream {
                 self.usage = Some(u);
                 self.fragments_since_usage = 0;
             }
-            None => self.fragments_since_usage += fragments,
+            None => {
+                self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments)
+            }
         }
         self.scratch.clear();
         self.splice.apply(data, &mut self.scratch);
@@ -383,8 +385,11 @@ impl StreamTranslator for ChatStream {
 
     fn usage(&self) -> Usage {
         let reported = self.usage.unwrap_or_default();
+        // `completion_tokens` is the upstream's number: never trusted not to overflow.
         Usage {
-            completion_tokens: reported.completion_tokens + self.fragments_since_usage,
+            completion_tokens: reported
+                .completion_tokens
+                .saturating_add(self.fragments_since_usage),
             ..reported
         }
     }
@@ -649,6 +654,17 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.matches("\"reasoning_content\"").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn absurd_upstream_usage_saturates() {
+        let s = format!(
+            "data: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"a\"}}}}],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{}}}}}\n\ndata: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"b\"}},\"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n",
+            u64::MAX
+        );
+        let (_, done, t) = run(&[s.as_bytes()], false, ReasoningField::Both);
+        assert!(done);
+        assert_eq!(t.usage().completion_tokens, u64::MAX);
     }
 
     #[test]

@@ -205,7 +205,7 @@ impl MessagesStream {
         self.close_block(out);
         self.open = kind;
         self.open_index = self.next_index;
-        self.next_index += 1;
+        self.next_index = self.next_index.saturating_add(1);
         frame_open(out, "content_block_start");
         write_index(out, self.open_index);
         out.extend_from_slice(b",\"content_block\":");
