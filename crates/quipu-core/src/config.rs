@@ -167,8 +167,12 @@ impl Default for RawStreaming {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawSecurity {
-    /// `forward` passes `https://` image URLs to the upstream (which fetches them); `reject`
-    /// accepts only inline (base64) images. The gateway itself never fetches a URL.
+    /// Image URLs in requests, which the upstream fetches (the gateway itself never fetches a
+    /// URL): `forward` (default) passes http(s) URLs that name a public host and refuses
+    /// internal ones (loopback, private, link-local, metadata names, …; see
+    /// `translate::image_url`); `forward_any` passes any http(s) URL, for upstreams that
+    /// restrict fetching themselves (`vllm serve --allowed-media-domains`); `reject` accepts
+    /// only inline (base64) images.
     pub image_urls: String,
 }
 
@@ -381,9 +385,14 @@ pub struct Streaming {
     pub chat_reasoning_field: ReasoningField,
 }
 
+/// What happens to image URLs in requests (see [`RawSecurity::image_urls`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageUrlPolicy {
+    /// Forward URLs of public hosts only.
     Forward,
+    /// Forward any http(s) URL: the upstream restricts what it fetches.
+    ForwardAny,
+    /// Inline images only.
     Reject,
 }
 
@@ -559,10 +568,11 @@ impl Config {
         let security = Security {
             image_urls: match security.image_urls.as_str() {
                 "forward" => ImageUrlPolicy::Forward,
+                "forward_any" => ImageUrlPolicy::ForwardAny,
                 "reject" => ImageUrlPolicy::Reject,
                 other => {
                     errs.push(format!(
-                        "security.image_urls must be \"forward\" or \"reject\", got \"{other}\""
+                        "security.image_urls must be \"forward\", \"forward_any\" or \"reject\", got \"{other}\""
                     ));
                     ImageUrlPolicy::Reject
                 }
@@ -1343,6 +1353,22 @@ routing = "random"
         let e = parse(&text).unwrap_err();
         assert!(e.0[0].starts_with("models[0].prices.output:"), "{e}");
         assert!(e.0[0].contains("S/ 1 per token"), "{e}");
+    }
+
+    #[test]
+    fn image_url_policies() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.security.image_urls, ImageUrlPolicy::Forward);
+        for (v, want) in [
+            ("forward", ImageUrlPolicy::Forward),
+            ("forward_any", ImageUrlPolicy::ForwardAny),
+            ("reject", ImageUrlPolicy::Reject),
+        ] {
+            let c = parse(&format!("[security]\nimage_urls = \"{v}\"\n{MINIMAL}")).unwrap();
+            assert_eq!(c.security.image_urls, want);
+        }
+        let e = parse(&format!("[security]\nimage_urls = \"any\"\n{MINIMAL}")).unwrap_err();
+        assert!(e.0[0].contains("forward_any"), "{e}");
     }
 
     #[test]

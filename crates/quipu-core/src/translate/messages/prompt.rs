@@ -38,6 +38,7 @@ use crate::error::{write_json_str, ApiError};
 use crate::protocol::anthropic::{
     AnthropicBlock, AnthropicMessage, AnthropicSource, AnthropicTool,
 };
+use crate::translate::image_url::{check_image_url, ImageUrlRejection};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
@@ -603,22 +604,17 @@ impl<'a> Writer<'_, 'a> {
             out.extend_from_slice(b"\"}}");
             Ok(())
         } else if rawjson::str_eq(kind, "url") {
-            if self.config.security.image_urls == ImageUrlPolicy::Reject {
+            let policy = self.config.security.image_urls;
+            if policy == ImageUrlPolicy::Reject {
                 return Err(invalid(
                     format!("{}.type", sp()),
-                    "image URLs are not accepted by this gateway; send the image inline as base64",
+                    ImageUrlRejection::NotAccepted.message(),
                 ));
             }
             let url_raw = req_str(src.url, &|| format!("{}.url", sp()))?;
             let url = rawjson::decode(url_raw).unwrap_or_default();
-            let https = url
-                .get(..8)
-                .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
-            if !https || url.len() <= 8 {
-                return Err(invalid(
-                    format!("{}.url", sp()),
-                    "only https:// image URLs are accepted",
-                ));
+            if let Err(e) = check_image_url(&url, policy) {
+                return Err(invalid(format!("{}.url", sp()), e.message()));
             }
             out.extend_from_slice(b"{\"type\":\"image_url\",\"image_url\":{\"url\":");
             write_json_str(out, &url);

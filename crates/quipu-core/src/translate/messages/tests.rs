@@ -403,9 +403,43 @@ fn c05_images_base64_url_and_in_tool_result() {
     let e = messages_to_upstream(base(url).to_string().as_bytes(), &config_rejecting_urls())
         .unwrap_err();
     assert_eq!(param(&e), "messages[0].content[0].source.type");
-    let e = reject(&base(json!([{"role": "user", "content": [
-        {"type": "image", "source": {"type": "url", "url": "http://example.com/a.png"}}]}])));
-    assert_eq!(param(&e), "messages[0].content[0].source.url");
+    // Only public hosts: the upstream fetches the URL from inside its network (SSRF). The
+    // cases are in translate::image_url; here, that both places in a request are guarded.
+    let url_image = |url: &str| json!({"type": "image", "source": {"type": "url", "url": url}});
+    for bad in [
+        "ftp://example.com/a.png",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://0x7f.1/",
+        "https://user@example.com/a.png",
+        "http://localhost:8000/",
+    ] {
+        let e = reject(&base(
+            json!([{"role": "user", "content": [url_image(bad)]}]),
+        ));
+        assert_eq!(param(&e), "messages[0].content[0].source.url", "{bad}");
+        assert!(
+            e.message.starts_with("messages[0].content[0].source.url: "),
+            "{}",
+            e.message
+        );
+        let e = reject(&base(json!([
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [url_image(bad)]}]}
+        ])));
+        assert_eq!(
+            param(&e),
+            "messages[2].content[0].content[0].source.url",
+            "{bad}"
+        );
+    }
+    let m = msgs(&base(
+        json!([{"role": "user", "content": [url_image("http://example.com/a.png")]}]),
+    ));
+    assert_eq!(
+        m[0]["content"][0]["image_url"]["url"],
+        "http://example.com/a.png"
+    );
     // Inside a tool_result: text in the tool message, the image in a following user message.
     let m = msgs(&base(json!([
         {"role": "user", "content": "screenshot please"},
