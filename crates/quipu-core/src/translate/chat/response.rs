@@ -339,6 +339,16 @@ impl ChatStream {
         }
         self.scratch.clear();
         self.splice.apply(data, &mut self.scratch);
+        // An upstream may spread a chunk over several `data:` lines (legal SSE; the decoder
+        // joins them with `\n`). In JSON that parsed, a line break can only be whitespace
+        // between tokens, but relayed as is it would end the client's `data:` line.
+        if memchr::memchr2(b'\n', b'\r', &self.scratch).is_some() {
+            for b in &mut self.scratch {
+                if *b == b'\n' || *b == b'\r' {
+                    *b = b' ';
+                }
+            }
+        }
         write_data_frame(out, &self.scratch);
         Ok(())
     }
@@ -654,6 +664,23 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.matches("\"reasoning_content\"").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn multi_line_data_is_relayed_on_one_line() {
+        // Found by the chat_stream fuzz target once it spread chunks over several data lines.
+        let s = "data: {\"model\": \"m\",\r\ndata:  \"choices\": [{\"index\": 0, \"delta\": {\"content\": \"a\\nb\"},\r\ndata: \"finish_reason\": \"stop\"}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let mut t = ChatStream::new(ctx(), false, ReasoningField::Both);
+        let mut d = SseDecoder::default();
+        let mut out = Vec::new();
+        feed_stream(&mut d, &mut t, s.as_bytes(), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
+        assert_eq!(frames.len(), 2, "{text:?}");
+        let v: Value = serde_json::from_str(frames[0].strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(v["choices"][0]["delta"]["content"], "a\nb");
+        assert_eq!(v["model"], "aguila");
+        assert_eq!(frames[1], "data: [DONE]");
     }
 
     #[test]
