@@ -95,7 +95,7 @@ impl ServeHttp for MetricsApp {
 
 /// Runs the gateway until it is told to stop. Returns an error only for startup failures.
 pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
-    let config = Arc::new(config);
+    let config = Arc::new(config.resolve_upstreams().map_err(|e| e.to_string())?);
     let replica = replica_id(&config);
     let billing_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

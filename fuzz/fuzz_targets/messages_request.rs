@@ -24,7 +24,11 @@ fuzz_target!(|data: &[u8]| {
             assert!(v["max_tokens"].as_u64().is_some_and(|n| (1..=8192).contains(&n)));
             assert!(r.max_tokens <= 8192);
             let msgs: Value = serde_json::from_slice(&r.body[r.prompt_range.clone()]).expect("prompt range is JSON");
-            assert!(msgs.as_array().is_some_and(|a| !a.is_empty()));
+            // At least one real turn: never `[]`, never system messages alone.
+            assert!(
+                msgs.as_array().is_some_and(|a| a.iter().any(|m| m["role"] == "user" || m["role"] == "assistant")),
+                "a prompt without a user or assistant message: {msgs}"
+            );
             assert_eq!(v["stream"].as_bool(), Some(r.stream));
         }
         Err(e) => {

@@ -1,5 +1,6 @@
-//! Shared pieces of the fuzz targets: a byte cursor, and a structure-aware generator of
-//! upstream (vLLM-shaped) chunk sequences with the equivalent non-streaming completion.
+//! Shared pieces of the fuzz targets: a byte cursor, a structure-aware generator of upstream
+//! (vLLM/SGLang-shaped) chunk sequences with the equivalent non-streaming completion, and a
+//! JSON check that sees duplicate keys.
 
 use serde_json::{json, Value};
 
@@ -28,6 +29,11 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// True once in `n` (on average).
+    pub fn one_in(&mut self, n: usize) -> bool {
+        self.below(n) == 0
+    }
+
     pub fn is_empty(&self) -> bool {
         self.pos >= self.data.len()
     }
@@ -40,7 +46,7 @@ impl<'a> Cursor<'a> {
 
 /// Text with the characters that break naive translators: multi-byte UTF-8, escapes, quotes.
 const PIECES: &[&str] = &[
-    "hola", " mundo", "ñandú", " 🦙", "\"", "\\", "\n", "日本", "{", "}", " ", "a", "é", "\u{1F600}", "</s>", "data: x",
+    "hola", " mundo", "ñandú", " 🦙", "\"", "\\", "\n", "日本", "{", "}", " ", "a", "é", "\u{1F600}", "</s>", "data: x", "\r\n",
 ];
 
 fn text(c: &mut Cursor) -> String {
@@ -50,30 +56,68 @@ fn text(c: &mut Cursor) -> String {
 
 /// A generated upstream stream and what the same answer looks like non-streamed.
 pub struct Generated {
-    /// SSE bytes as vLLM would send them.
+    /// SSE bytes as an upstream could send them.
     pub sse: Vec<u8>,
-    /// The equivalent `chat.completion` body, when the stream is a clean, finished answer.
+    /// The equivalent `chat.completion` body, when the stream's content is clean: no
+    /// mid-stream error object, no unreadable chunk, a finish chunk. (Its tool arguments may
+    /// still be malformed or cut off: both translations must then fail the same way.)
     pub completion: Option<Value>,
+    /// The usage-only chunk was sent (else the stream's usage is partial or estimated).
     pub usage_sent: bool,
 }
 
-/// Builds a vLLM-like chunk sequence from the fuzzer's bytes.
+/// One tool call of the generated answer.
+struct Call {
+    id: String,
+    name: String,
+    args: String,
+    /// The argument fragments as streamed (concatenated: `args`).
+    parts: Vec<String>,
+}
+
+/// The largest char boundary ≤ `i`.
+fn floor(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// `s` cut into 1 to 3 pieces at char boundaries chosen by the fuzzer.
+fn fragments(c: &mut Cursor, s: &str) -> Vec<String> {
+    let mut cuts: Vec<usize> = (0..c.below(3)).map(|_| floor(s, c.below(s.len() + 1))).collect();
+    cuts.sort_unstable();
+    let mut out = Vec::new();
+    let mut prev = 0;
+    for cut in cuts.into_iter().chain([s.len()]) {
+        if cut > prev {
+            out.push(s[prev..cut].to_owned());
+            prev = cut;
+        }
+    }
+    out
+}
+
+/// Builds an upstream chunk sequence from the fuzzer's bytes.
+///
+/// Covers what real servers do: reasoning under either field name, with SGLang's `null`
+/// twin; text; up to three tool calls, their arguments split anywhere, sometimes in the same
+/// chunk as the name, emitted one call after another or interleaved (index 0 and 1
+/// alternating); arguments that are malformed, or cut off by a `length` finish; usage on
+/// ordinary chunks (continuous usage); mid-stream error objects; SSE comments, CRLF or CR line
+/// endings, a chunk's JSON spread over several `data:` lines; a usage-only chunk with
+/// `choices` empty, null or missing; `abort` finishes; a stream without `[DONE]`.
 pub fn upstream_stream(c: &mut Cursor) -> Generated {
     let model = "Qwen/Qwen3-Upstream";
-    let head = |choices: Value, usage: Option<Value>| {
-        let mut v = json!({"id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = u;
-        }
-        v
+    let head = |choices: Value| {
+        json!({"id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 1, "model": model, "choices": choices})
     };
-    let mut frames: Vec<Value> = vec![head(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]), None)];
+    let delta = |d: Value| head(json!([{"index": 0, "delta": d, "finish_reason": null}]));
+    let mut frames: Vec<Value> = vec![delta(json!({"role": "assistant", "content": ""}))];
     let mut content = String::new();
     let mut reasoning = String::new();
-    // (id, name, arguments) per tool index
-    let mut tools: Vec<(String, String, String)> = Vec::new();
+    let mut calls: Vec<Call> = Vec::new();
     let mut clean = true;
-    let mut completion = 0u64;
     // Models answer in this order: reasoning, then text, then tool calls. A stream cannot
     // reorder what already went out, so only this order has a non-streaming equivalent.
     let mut phase = 0;
@@ -84,92 +128,153 @@ pub fn upstream_stream(c: &mut Cursor) -> Generated {
                 phase = 1;
                 let t = text(c);
                 content.push_str(&t);
-                frames.push(head(json!([{"index": 0, "delta": {"content": t}, "finish_reason": null}]), None));
+                frames.push(delta(json!({"content": t})));
             }
             2 if phase == 0 => {
                 let t = text(c);
                 reasoning.push_str(&t);
-                let field = if c.byte() % 2 == 0 { "reasoning" } else { "reasoning_content" };
-                frames.push(head(json!([{"index": 0, "delta": {field: t}, "finish_reason": null}]), None));
-            }
-            3 if tools.len() < 3 => {
-                phase = 2;
-                let id = format!("call_{}", tools.len());
-                let name = format!("tool_{}", c.below(3));
-                let k = tools.len();
-                tools.push((id.clone(), name.clone(), String::new()));
-                frames.push(head(json!([{"index": 0, "delta": {"tool_calls": [{"index": k, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}, "finish_reason": null}]), None));
-            }
-            4 if !tools.is_empty() => {
-                // Arguments are a JSON object, streamed in fragments that may split anywhere,
-                // for the latest call (servers finish one call before starting the next).
-                let k = tools.len() - 1;
-                let full = json!({"q": text(c), "n": c.byte()}).to_string();
-                if tools[k].2.is_empty() {
-                    let cut = c.below(full.len() + 1);
-                    for part in [&full[..floor(&full, cut)], &full[floor(&full, cut)..]] {
-                        if !part.is_empty() {
-                            frames.push(head(json!([{"index": 0, "delta": {"tool_calls": [{"index": k, "function": {"arguments": part}}]}, "finish_reason": null}]), None));
-                        }
-                    }
-                    tools[k].2 = full;
+                let (field, twin) = if c.byte() % 2 == 0 {
+                    ("reasoning", "reasoning_content")
+                } else {
+                    ("reasoning_content", "reasoning")
+                };
+                let mut d = json!({field: t});
+                if c.one_in(2) {
+                    d[twin] = Value::Null; // SGLang: the other field, null, on every delta
                 }
+                frames.push(delta(d));
+            }
+            3 if calls.len() < 3 => {
+                phase = 2;
+                let mut args = json!({"q": text(c), "n": c.byte()}).to_string();
+                match c.below(16) {
+                    0 => args = args.replacen(':', " ", 1), // malformed: a missing colon
+                    1 => args.push('}'),                    // malformed: text after the object
+                    2 => args = "[1,2]".into(),             // malformed: not an object
+                    3 => args = String::new(),              // a tool without arguments
+                    4 => args = format!(" {args}\n"),       // whitespace around
+                    _ => {}
+                }
+                calls.push(Call {
+                    id: format!("call_{}", calls.len()),
+                    name: format!("tool_{}", c.below(3)),
+                    args,
+                    parts: Vec::new(),
+                });
             }
             5 => {
                 frames.push(json!({"error": {"message": text(c), "type": "InternalServerError", "param": null, "code": 500}}));
                 clean = false;
             }
-            6 => {
-                // Usage on a chunk (continuous_usage_stats).
-                completion += 1;
-                let last = frames.len() - 1;
-                frames[last]["usage"] = json!({"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion});
-            }
             _ => {}
         }
     }
-    let finish = ["stop", "length", "tool_calls", "stop"][c.below(4)];
-    let stop_reason = if c.byte() % 3 == 0 { json!("###") } else { Value::Null };
-    frames.push(head(json!([{"index": 0, "delta": {}, "finish_reason": finish, "stop_reason": stop_reason}]), None));
+    let finish = ["stop", "length", "tool_calls", "stop", "length", "abort"][c.below(6)];
+    // Cut off by max_tokens in the middle of the last call's arguments.
+    if finish == "length" && c.one_in(3) {
+        if let Some(last) = calls.last_mut() {
+            let cut = floor(&last.args, c.below(last.args.len() + 1));
+            last.args.truncate(cut);
+        }
+    }
+    for call in &mut calls {
+        call.parts = fragments(c, &call.args);
+    }
+    // The tool calls: one after another, or headers first and the fragments interleaved.
+    let interleave = calls.len() > 1 && c.one_in(3);
+    let header = |k: usize, call: &Call, first: Option<&String>| {
+        delta(json!({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": first.map_or("", String::as_str)}}]}))
+    };
+    let fragment = |k: usize, part: &str| {
+        delta(json!({"tool_calls": [{"index": k, "function": {"arguments": part}}]}))
+    };
+    let mut queues: Vec<std::collections::VecDeque<&String>> = Vec::new();
+    for (k, call) in calls.iter().enumerate() {
+        let mut q: std::collections::VecDeque<&String> = call.parts.iter().collect();
+        // Arguments in the same chunk as the name (vLLM with some parsers, SGLang).
+        let first = if c.one_in(3) { q.pop_front() } else { None };
+        frames.push(header(k, call, first));
+        if interleave {
+            queues.push(q);
+        } else {
+            frames.extend(q.into_iter().map(|p| fragment(k, p)));
+        }
+    }
+    while queues.iter().any(|q| !q.is_empty()) {
+        for (k, q) in queues.iter_mut().enumerate() {
+            if let Some(p) = q.pop_front() {
+                frames.push(fragment(k, p));
+            }
+        }
+    }
+    // Continuous usage on some ordinary chunks, counting up.
+    let mut completion = 0u64;
+    for f in frames.iter_mut().skip(1) {
+        if f.get("error").is_none() && c.one_in(4) {
+            completion += 1;
+            f["usage"] = json!({"prompt_tokens": 10, "completion_tokens": completion, "total_tokens": 10 + completion});
+        }
+    }
+    let stop_reason = if finish == "stop" && c.byte() % 3 == 0 { json!("###") } else { Value::Null };
+    frames.push(head(json!([{"index": 0, "delta": {}, "finish_reason": finish, "stop_reason": stop_reason}])));
     let usage = json!({"prompt_tokens": 10 + c.below(50), "completion_tokens": completion + 3, "total_tokens": 0,
                        "prompt_tokens_details": {"cached_tokens": c.below(10)}});
     let usage_sent = c.byte() % 4 != 0;
     if usage_sent {
-        frames.push(head(json!([]), Some(usage.clone())));
+        let mut u = json!({"id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 1, "model": model, "usage": usage.clone()});
+        match c.below(3) {
+            0 => u["choices"] = json!([]),
+            1 => u["choices"] = Value::Null,
+            _ => {} // choices missing
+        }
+        frames.push(u);
     }
+
+    // SSE framing: line endings, comments, multi-line data.
+    let eol: &[u8] = [&b"\n"[..], b"\r\n", b"\r", b"\n"][c.below(4)];
     let mut sse = Vec::new();
+    let line = |sse: &mut Vec<u8>, l: &[u8]| {
+        sse.extend_from_slice(l);
+        sse.extend_from_slice(eol);
+    };
     for f in &frames {
-        sse.extend_from_slice(b"data: ");
-        sse.extend_from_slice(f.to_string().as_bytes());
-        sse.extend_from_slice(b"\n\n");
+        if c.one_in(6) {
+            line(&mut sse, b": keep-alive");
+        }
+        if c.one_in(4) {
+            // The chunk's JSON over several `data:` lines (joined with `\n`, JSON whitespace).
+            let pretty = serde_json::to_string_pretty(f).unwrap_or_default();
+            for l in pretty.lines() {
+                line(&mut sse, format!("data: {l}").as_bytes());
+            }
+        } else {
+            line(&mut sse, format!("data: {f}").as_bytes());
+        }
+        line(&mut sse, b"");
     }
-    let garbage = c.byte() % 16 == 0;
-    if garbage {
-        sse.extend_from_slice(b"data: {not json\n\n");
+    if c.byte() % 16 == 0 {
+        line(&mut sse, b"data: {not json");
+        line(&mut sse, b"");
         clean = false;
     }
-    sse.extend_from_slice(b"data: [DONE]\n\n");
-    let completion_body = (clean && usage_sent).then(|| {
+    if c.byte() % 8 != 0 {
+        line(&mut sse, b"data: [DONE]");
+        line(&mut sse, b"");
+    }
+    let completion_body = clean.then(|| {
         let mut message = json!({"role": "assistant", "content": if content.is_empty() { Value::Null } else { json!(content) }});
         if !reasoning.is_empty() {
             message["reasoning"] = json!(reasoning);
         }
-        if !tools.is_empty() {
-            message["tool_calls"] = json!(tools.iter().map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})).collect::<Vec<_>>());
+        if !calls.is_empty() {
+            message["tool_calls"] = json!(calls.iter().map(|t| json!({"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.args}})).collect::<Vec<_>>());
         }
         json!({"id": "chatcmpl-f", "object": "chat.completion", "created": 1, "model": model,
                "choices": [{"index": 0, "message": message, "finish_reason": finish, "stop_reason": stop_reason}],
                "usage": usage})
     });
     Generated { sse, completion: completion_body, usage_sent }
-}
-
-/// The largest char boundary ≤ `i`.
-fn floor(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
 }
 
 /// Up to three split points in `len`, from the fuzzer's bytes.
@@ -199,4 +304,68 @@ pub fn pieces<'a>(bytes: &'a [u8], points: &[usize]) -> Vec<&'a [u8]> {
     }
     out.push(&bytes[prev..]);
     out
+}
+
+/// Parses JSON like `serde_json::from_str::<Value>`, but fails on an object with a repeated
+/// key (which `Value` silently collapses to the last one, as many clients do).
+pub fn parse_strict(text: &str) -> Result<Value, String> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+    struct Strict;
+    impl<'de> DeserializeSeed<'de> for Strict {
+        type Value = Value;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+            d.deserialize_any(Strict)
+        }
+    }
+    impl<'de> Visitor<'de> for Strict {
+        type Value = Value;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+            Ok(Value::Bool(v))
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+            Ok(json!(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+            Ok(json!(v))
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+            Ok(json!(v))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+            Ok(Value::String(v.to_owned()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Value, E> {
+            Ok(Value::String(v))
+        }
+        fn visit_unit<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_none<E>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut v = Vec::new();
+            while let Some(x) = seq.next_element_seed(Strict)? {
+                v.push(x);
+            }
+            Ok(Value::Array(v))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut m = serde_json::Map::new();
+            while let Some(k) = map.next_key::<String>()? {
+                let v = map.next_value_seed(Strict)?;
+                if m.insert(k.clone(), v).is_some() {
+                    return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+                }
+            }
+            Ok(Value::Object(m))
+        }
+    }
+    let mut d = serde_json::Deserializer::from_str(text);
+    let v = Strict.deserialize(&mut d).map_err(|e| e.to_string())?;
+    d.end().map_err(|e| e.to_string())?;
+    Ok(v)
 }

@@ -9,12 +9,18 @@
 //!
 //! Secrets may come from the environment: a string value `"env:NAME"` is replaced by the
 //! variable `NAME` (an error names it if it is unset).
+//!
+//! Parsing does no I/O besides reading those variables: upstream URLs are checked for syntax
+//! only, and a replica named by a host name gets its socket address from
+//! [`Config::resolve_upstreams`], which `quipu serve` calls once at start (the gateway never
+//! resolves names on the request path). So `--check`, the CLI's store commands, tests and the
+//! `config_parse` fuzz target never touch DNS.
 
 use crate::money::{Pen, Prices, Rate, AMOUNT_DECIMALS};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
 
@@ -161,8 +167,12 @@ impl Default for RawStreaming {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawSecurity {
-    /// `forward` passes `https://` image URLs to the upstream (which fetches them); `reject`
-    /// accepts only inline (base64) images. The gateway itself never fetches a URL.
+    /// Image URLs in requests, which the upstream fetches (the gateway itself never fetches a
+    /// URL): `forward` (default) passes http(s) URLs that name a public host and refuses
+    /// internal ones (loopback, private, link-local, metadata names, …; see
+    /// `translate::image_url`); `forward_any` passes any http(s) URL, for upstreams that
+    /// restrict fetching themselves (`vllm serve --allowed-media-domains`); `reject` accepts
+    /// only inline (base64) images.
     pub image_urls: String,
 }
 
@@ -210,6 +220,12 @@ pub struct RawModel {
     /// cut off midway is metered exactly. Turn off for upstreams that reject the field.
     #[serde(default = "default_true")]
     pub continuous_usage: bool,
+    /// Messages format: when the last message is a non-empty assistant turn (a prefill), ask
+    /// the upstream to continue it (`continue_final_message: true, add_generation_prompt:
+    /// false`, which vLLM and SGLang understand) instead of starting a new turn after it.
+    /// Turn off for upstreams that reject the fields.
+    #[serde(default = "default_true")]
+    pub prefill: bool,
     #[serde(default = "default_tokenize_path")]
     pub tokenize_path: String,
     /// `least_loaded`, `round_robin` or `prefix_affinity`.
@@ -369,9 +385,14 @@ pub struct Streaming {
     pub chat_reasoning_field: ReasoningField,
 }
 
+/// What happens to image URLs in requests (see [`RawSecurity::image_urls`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageUrlPolicy {
+    /// Forward URLs of public hosts only.
     Forward,
+    /// Forward any http(s) URL: the upstream restricts what it fetches.
+    ForwardAny,
+    /// Inline images only.
     Reject,
 }
 
@@ -408,6 +429,8 @@ pub struct Model {
     pub timeouts: Timeouts,
     pub health: Health,
     pub continuous_usage: bool,
+    /// Continue a final assistant message (see [`RawModel::prefill`]).
+    pub prefill: bool,
     pub tokenize_path: String,
     pub routing: Routing,
 }
@@ -419,7 +442,12 @@ pub struct Replica {
     pub url: String,
     /// `host:port` as written, sent as the `Host` header.
     pub authority: String,
-    /// Resolved at start; the gateway never resolves names on the request path.
+    /// The host as written (an IP literal without brackets, or a name).
+    pub host: String,
+    pub port: u16,
+    /// Where to connect. Set by parsing when the host is an IP literal; for a name, by
+    /// [`Config::resolve_upstreams`] at start (until then the unroutable `0.0.0.0:0`, see
+    /// [`Replica::is_resolved`]). The gateway never resolves names on the request path.
     pub addr: SocketAddr,
     /// Path of the OpenAI API root, `/v1` unless the URL says otherwise.
     pub api_base: String,
@@ -431,7 +459,16 @@ impl Replica {
     pub fn chat_path(&self) -> &str {
         &self.chat_path
     }
+
+    /// Whether [`Replica::addr`] is known: an IP literal, or a name already resolved.
+    pub fn is_resolved(&self) -> bool {
+        self.addr != UNRESOLVED
+    }
 }
+
+/// [`Replica::addr`] of a named replica before [`Config::resolve_upstreams`]: port 0 of the
+/// unspecified address, which a connect attempt can never reach.
+const UNRESOLVED: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
 
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
@@ -531,10 +568,11 @@ impl Config {
         let security = Security {
             image_urls: match security.image_urls.as_str() {
                 "forward" => ImageUrlPolicy::Forward,
+                "forward_any" => ImageUrlPolicy::ForwardAny,
                 "reject" => ImageUrlPolicy::Reject,
                 other => {
                     errs.push(format!(
-                        "security.image_urls must be \"forward\" or \"reject\", got \"{other}\""
+                        "security.image_urls must be \"forward\", \"forward_any\" or \"reject\", got \"{other}\""
                     ));
                     ImageUrlPolicy::Reject
                 }
@@ -578,6 +616,59 @@ impl Config {
             .map(|m| format!("`{}`", m.slug))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// Resolves the host names of upstream replicas (system resolver, first address), once,
+    /// when the server starts. Every failure is reported with its key; two replicas of a model
+    /// that turn out to be the same address are an error too.
+    pub fn resolve_upstreams(self) -> Result<Config, ConfigErrors> {
+        self.resolve_upstreams_with(&|host, port| {
+            (host, port).to_socket_addrs().map(|a| a.collect())
+        })
+    }
+
+    /// [`Config::resolve_upstreams`] with an injected resolver (for tests).
+    pub fn resolve_upstreams_with(
+        mut self,
+        resolve: &dyn Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
+    ) -> Result<Config, ConfigErrors> {
+        let mut errs = Vec::new();
+        for (i, m) in self.models.iter_mut().enumerate() {
+            for (j, r) in m.replicas.iter_mut().enumerate() {
+                if r.is_resolved() {
+                    continue;
+                }
+                match resolve(&r.host, r.port) {
+                    Ok(addrs) => match addrs.first() {
+                        Some(a) => r.addr = *a,
+                        None => errs.push(format!(
+                            "models[{i}].upstreams[{j}]: \"{}\" resolves to no address",
+                            r.host
+                        )),
+                    },
+                    Err(e) => errs.push(format!(
+                        "models[{i}].upstreams[{j}]: cannot resolve \"{}\": {e}",
+                        r.host
+                    )),
+                }
+            }
+            for (j, r) in m.replicas.iter().enumerate() {
+                if let Some(k) = m.replicas[..j]
+                    .iter()
+                    .position(|o| o.is_resolved() && o.addr == r.addr)
+                {
+                    errs.push(format!(
+                        "models[{i}].upstreams[{j}] (\"{}\") is the same server as upstreams[{k}] ({})",
+                        r.url, r.addr
+                    ));
+                }
+            }
+        }
+        if errs.is_empty() {
+            Ok(self)
+        } else {
+            Err(ConfigErrors(errs))
+        }
     }
 }
 
@@ -791,6 +882,8 @@ const RESERVED_UPSTREAM_FIELDS: &[&str] = &[
     "parallel_tool_calls",
     "user",
     "reasoning_effort",
+    "continue_final_message",
+    "add_generation_prompt",
 ];
 
 fn validate_models(
@@ -831,8 +924,11 @@ fn validate_models(
         for (j, u) in m.upstreams.iter().enumerate() {
             match parse_replica(u) {
                 Ok(r) => {
-                    if replicas.iter().any(|o: &Replica| o.addr == r.addr) {
-                        errs.push(format!("{key}.upstreams[{j}] repeats {}", r.addr));
+                    if replicas
+                        .iter()
+                        .any(|o: &Replica| o.port == r.port && o.host.eq_ignore_ascii_case(&r.host))
+                    {
+                        errs.push(format!("{key}.upstreams[{j}] repeats {}", r.authority));
                     }
                     replicas.push(r)
                 }
@@ -937,6 +1033,7 @@ fn validate_models(
                 max_failures: m.health.max_failures.max(1),
             },
             continuous_usage: m.continuous_usage,
+            prefill: m.prefill,
             tokenize_path: m.tokenize_path,
             routing,
         });
@@ -944,7 +1041,9 @@ fn validate_models(
     out
 }
 
-/// Parses `http://host:port[/path]`. The name is resolved once, here, at start.
+/// Parses `http://host:port[/path]`, by syntax alone: the host is an IPv4 literal, a bracketed
+/// IPv6 literal or a host name (letters, digits, `-`, `_`, dot-separated labels); the port
+/// defaults to 80. Names are resolved later, by [`Config::resolve_upstreams`].
 pub fn parse_replica(url: &str) -> Result<Replica, String> {
     let rest = if let Some(r) = url.strip_prefix("http://") {
         r
@@ -957,27 +1056,57 @@ pub fn parse_replica(url: &str) -> Result<Replica, String> {
             "\"{url}\" must start with http:// (e.g. \"http://10.0.0.5:8000/v1\")"
         ));
     };
-    let (authority, path) = match rest.find('/') {
+    let (authority, path) = match rest.find(['/', '?', '#']) {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
+    if path.contains(['?', '#']) {
+        return Err(format!(
+            "\"{url}\": an upstream URL is a base path; remove the query or fragment"
+        ));
+    }
     if authority.is_empty() || authority.contains('@') {
         return Err(format!("\"{url}\" has no host"));
     }
-    let with_port = if authority
-        .rsplit_once(':')
-        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-        && !authority.ends_with(']')
-    {
-        authority.to_owned()
+    let (host, port_text) = if let Some(v6) = authority.strip_prefix('[') {
+        let (inside, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("\"{url}\": an IPv6 host needs its closing `]`"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("\"{url}\": expected `:port` after the IPv6 host"))?,
+            ),
+        };
+        (inside, port)
     } else {
-        format!("{authority}:80")
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
     };
-    let addr = with_port
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve \"{authority}\": {e}"))?
-        .next()
-        .ok_or_else(|| format!("\"{authority}\" resolves to no address"))?;
+    let port = match port_text {
+        None => 80,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("\"{url}\": the port must be a number from 1 to 65535"))?,
+    };
+    let ip: Option<IpAddr> = if authority.starts_with('[') {
+        Some(IpAddr::V6(host.parse::<Ipv6Addr>().map_err(|_| {
+            format!("\"{url}\": \"{host}\" is not an IPv6 address")
+        })?))
+    } else if let Ok(v4) = host.parse::<Ipv4Addr>() {
+        Some(IpAddr::V4(v4))
+    } else if is_host_name(host) {
+        None
+    } else {
+        return Err(format!(
+            "\"{url}\": \"{host}\" is neither an IP address nor a host name"
+        ));
+    };
     let path = path.trim_end_matches('/');
     let api_base = if path.is_empty() {
         "/v1".to_owned()
@@ -987,10 +1116,34 @@ pub fn parse_replica(url: &str) -> Result<Replica, String> {
     Ok(Replica {
         url: url.to_owned(),
         authority: authority.to_owned(),
-        addr,
+        host: host.to_owned(),
+        port,
+        addr: ip.map_or(UNRESOLVED, |ip| SocketAddr::new(ip, port)),
         chat_path: format!("{api_base}/chat/completions"),
         api_base,
     })
+}
+
+/// A DNS name as resolvers take it: dot-separated labels of letters, digits, `-` and `_`
+/// (1–63 bytes each, at most 253 in all, one trailing dot allowed), whose last label is not
+/// all digits (that would be a malformed IPv4 address).
+fn is_host_name(host: &str) -> bool {
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.is_empty() || name.len() > 253 {
+        return false;
+    }
+    let labels_ok = name.split('.').all(|l| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    });
+    let last_numeric = name
+        .rsplit('.')
+        .next()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    labels_ok && !last_numeric
 }
 
 fn validate_aliases(
@@ -1186,6 +1339,45 @@ routing = "random"
         let text = format!("{MINIMAL}thinking_on = {{ stream = false }}\n");
         let e = parse(&text).unwrap_err();
         assert!(e.0[0].contains("models[0].thinking_on may not set \"stream\""));
+        let text = format!("{MINIMAL}thinking_off = {{ add_generation_prompt = false }}\n");
+        let e = parse(&text).unwrap_err();
+        assert!(
+            e.0[0].contains("may not set \"add_generation_prompt\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn absurd_rates_are_refused_at_validation() {
+        let text = MINIMAL.replace("output = \"0.80\"", "output = \"80000000\"");
+        let e = parse(&text).unwrap_err();
+        assert!(e.0[0].starts_with("models[0].prices.output:"), "{e}");
+        assert!(e.0[0].contains("S/ 1 per token"), "{e}");
+    }
+
+    #[test]
+    fn image_url_policies() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.security.image_urls, ImageUrlPolicy::Forward);
+        for (v, want) in [
+            ("forward", ImageUrlPolicy::Forward),
+            ("forward_any", ImageUrlPolicy::ForwardAny),
+            ("reject", ImageUrlPolicy::Reject),
+        ] {
+            let c = parse(&format!("[security]\nimage_urls = \"{v}\"\n{MINIMAL}")).unwrap();
+            assert_eq!(c.security.image_urls, want);
+        }
+        let e = parse(&format!("[security]\nimage_urls = \"any\"\n{MINIMAL}")).unwrap_err();
+        assert!(e.0[0].contains("forward_any"), "{e}");
+    }
+
+    #[test]
+    fn prefill_switch_defaults_on() {
+        assert!(parse(MINIMAL).unwrap().models[0].prefill);
+        let c = parse(&format!("{MINIMAL}prefill = false\n")).unwrap();
+        assert!(!c.models[0].prefill);
+        let e = parse(&format!("{MINIMAL}prefill = \"yes\"\n")).unwrap_err();
+        assert!(e.to_string().contains("prefill"), "{e}");
     }
 
     #[test]
@@ -1193,10 +1385,93 @@ routing = "random"
         let r = parse_replica("http://127.0.0.1:9000/openai/v1/").unwrap();
         assert_eq!(r.api_base, "/openai/v1");
         assert_eq!(r.authority, "127.0.0.1:9000");
+        assert_eq!(r.addr, "127.0.0.1:9000".parse().unwrap());
+        assert!(r.is_resolved());
+        let r = parse_replica("http://[::1]:8000/v1").unwrap();
+        assert_eq!(r.addr, "[::1]:8000".parse().unwrap());
+        assert_eq!(r.authority, "[::1]:8000");
+        let r = parse_replica("http://[fd00::5]").unwrap();
+        assert_eq!(r.addr, "[fd00::5]:80".parse().unwrap());
+        // A name is checked for syntax only; its address comes at start.
         let r = parse_replica("http://localhost").unwrap();
-        assert_eq!(r.addr.port(), 80);
+        assert_eq!((r.host.as_str(), r.port), ("localhost", 80));
+        assert!(!r.is_resolved());
+        let r = parse_replica("http://vllm-0.vllm.svc.cluster.local:8000/v1").unwrap();
+        assert_eq!(
+            (r.host.as_str(), r.port),
+            ("vllm-0.vllm.svc.cluster.local", 8000)
+        );
         assert!(parse_replica("https://x:1").unwrap_err().contains("https"));
-        assert!(parse_replica("10.0.0.1:80").is_err());
+        for bad in [
+            "10.0.0.1:80",
+            "http://",
+            "http://user@host:80",
+            "http://host:0",
+            "http://host:65536",
+            "http://host:http",
+            "http://[::1",
+            "http://[::1]x",
+            "http://[not-v6]:80",
+            "http://10.0.0.256",
+            "http://bad host",
+            "http://-lead.example",
+            "http://a..b",
+            "http://host/v1?x=1",
+            "http://ñ.example",
+        ] {
+            assert!(parse_replica(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parsing_never_resolves_names_and_start_does() {
+        // A name that no resolver knows parses fine: no DNS at parse time.
+        let text = MINIMAL.replace(
+            "http://127.0.0.1:8000",
+            "http://vllm-a.invalid:8000\", \"http://10.0.0.9:8001",
+        );
+        let c = parse(&text).unwrap();
+        let rs = &c.models[0].replicas;
+        assert!(!rs[0].is_resolved());
+        assert_eq!(rs[1].addr, "10.0.0.9:8001".parse().unwrap());
+        // At start: names resolve through the resolver, literals are left alone.
+        let asked = std::cell::RefCell::new(Vec::new());
+        let resolved = c
+            .clone()
+            .resolve_upstreams_with(&|h, p| {
+                asked.borrow_mut().push((h.to_owned(), p));
+                Ok(vec![SocketAddr::from(([10, 0, 0, 7], p))])
+            })
+            .unwrap();
+        assert_eq!(
+            asked.into_inner(),
+            vec![("vllm-a.invalid".to_owned(), 8000)]
+        );
+        assert_eq!(
+            resolved.models[0].replicas[0].addr,
+            "10.0.0.7:8000".parse().unwrap()
+        );
+        // Failures name the key; two entries that are one server are refused.
+        let e = c
+            .clone()
+            .resolve_upstreams_with(&|_, _| Err(std::io::Error::other("NXDOMAIN")))
+            .unwrap_err();
+        assert!(e.0[0].contains("models[0].upstreams[0]") && e.0[0].contains("NXDOMAIN"));
+        let e = c
+            .clone()
+            .resolve_upstreams_with(&|_, _| Ok(Vec::new()))
+            .unwrap_err();
+        assert!(e.0[0].contains("resolves to no address"), "{e}");
+        let e = c
+            .resolve_upstreams_with(&|_, p| Ok(vec![SocketAddr::from(([10, 0, 0, 9], p + 1))]))
+            .unwrap_err();
+        assert!(e.0[0].contains("same server"), "{e}");
+        // Syntactic duplicates are caught at parse time.
+        let text = MINIMAL.replace(
+            "http://127.0.0.1:8000",
+            "http://Host.example:8000\", \"http://host.example:8000/v1",
+        );
+        assert!(parse(&text).unwrap_err().0[0].contains("repeats"));
     }
 
     #[test]

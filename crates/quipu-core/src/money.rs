@@ -20,6 +20,10 @@ const SCALE: i128 = 1_000_000_000_000;
 pub const RATE_DECIMALS: u32 = 6;
 /// Most decimals an amount of money typed by an operator may have (top-ups, minimum top-up).
 pub const AMOUNT_DECIMALS: u32 = 2;
+/// The highest rate accepted, in whole soles per million tokens: S/ 1 per token, orders of
+/// magnitude above any real price, so a larger value is a typo. It also bounds every cost:
+/// u64::MAX tokens at this rate is about 1.8 × 10³¹ pico-soles, far inside an `i128`.
+pub const MAX_RATE_SOLES: i128 = 1_000_000;
 
 /// An exact amount of soles. See the module docs for the unit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -34,6 +38,8 @@ pub enum MoneyError {
     TooManyDecimals { value: String, max: u32 },
     /// Too large to be a sensible amount.
     TooLarge(String),
+    /// A rate above [`MAX_RATE_SOLES`] per million tokens.
+    RateTooLarge(String),
 }
 
 impl fmt::Display for MoneyError {
@@ -47,6 +53,10 @@ impl fmt::Display for MoneyError {
                 write!(f, "\"{value}\" has more than {max} decimals")
             }
             MoneyError::TooLarge(v) => write!(f, "\"{v}\" is too large"),
+            MoneyError::RateTooLarge(v) => write!(
+                f,
+                "\"{v}\" per million tokens is more than S/ {MAX_RATE_SOLES} (S/ 1 per token); a rate that high is taken for a typo"
+            ),
         }
     }
 }
@@ -199,7 +209,7 @@ impl SubAssign for Pen {
 impl Neg for Pen {
     type Output = Pen;
     fn neg(self) -> Pen {
-        Pen(-self.0)
+        Pen(self.0.saturating_neg())
     }
 }
 
@@ -221,8 +231,14 @@ impl fmt::Display for Pen {
 pub struct Rate(Pen);
 
 impl Rate {
+    /// A rate per million tokens: at most [`RATE_DECIMALS`] decimals and at most
+    /// [`MAX_RATE_SOLES`].
     pub fn parse(text: &str) -> Result<Rate, MoneyError> {
-        Pen::parse(text, RATE_DECIMALS).map(Rate)
+        let pen = Pen::parse(text, RATE_DECIMALS)?;
+        if pen.0 > MAX_RATE_SOLES * SCALE {
+            return Err(MoneyError::RateTooLarge(text.to_owned()));
+        }
+        Ok(Rate(pen))
     }
 
     /// The configured price of one million tokens.
@@ -230,10 +246,15 @@ impl Rate {
         self.0
     }
 
-    /// Exact cost of `tokens` tokens at this rate.
+    /// Exact cost of `tokens` tokens at this rate. Token counts come from the upstream, so
+    /// the product is checked: with rates bounded by [`Rate::parse`] it cannot overflow, and
+    /// if it ever did it would saturate rather than wrap into a negative charge.
     pub fn cost(self, tokens: u64) -> Pen {
         // rate picos is a multiple of 10^6 (≤ 6 decimals of a sol), so this division is exact.
-        Pen(i128::from(tokens) * (self.0 .0 / 1_000_000))
+        let per_token = self.0 .0 / 1_000_000;
+        Pen(i128::from(tokens)
+            .checked_mul(per_token)
+            .unwrap_or(i128::MAX))
     }
 }
 
@@ -306,11 +327,45 @@ mod tests {
         let r = Rate::parse("0.123457").unwrap();
         assert_eq!(r.cost(1).picos(), 123_457);
         assert_eq!(r.cost(7).to_decimal(), "0.000000864199");
-        // Very large token counts.
+        // Very large token counts (an upstream's usage is not trusted to be sane).
         let r = Rate::parse("999999.999999").unwrap();
         let c = r.cost(u64::MAX);
         assert_eq!(c.picos(), i128::from(u64::MAX) * 999_999_999_999);
         assert!(c > Pen::ZERO);
+        let top = Rate::parse("1000000").unwrap();
+        assert_eq!(
+            top.cost(u64::MAX).picos(),
+            i128::from(u64::MAX) * 1_000_000_000_000
+        );
+        let p = Prices {
+            input: top,
+            cached: top,
+            output: top,
+        };
+        assert!(p.charge(u64::MAX, u64::MAX, u64::MAX) > Pen::ZERO);
+        assert!(p.worst_case(u64::MAX, u64::MAX) > Pen::ZERO);
+    }
+
+    #[test]
+    fn absurd_rates_are_refused() {
+        assert!(matches!(
+            Rate::parse("1000000.000001"),
+            Err(MoneyError::RateTooLarge(_))
+        ));
+        assert!(matches!(
+            Rate::parse("999999999999999"),
+            Err(MoneyError::RateTooLarge(_))
+        ));
+        let e = Rate::parse("5000000").unwrap_err().to_string();
+        assert!(e.contains("S/ 1 per token"), "{e}");
+        // Pen arithmetic saturates at its ends instead of wrapping or panicking.
+        let min = Pen::from_picos(i128::MIN);
+        assert_eq!((-min).picos(), i128::MAX);
+        assert_eq!((min - Pen::from_picos(1)).picos(), i128::MIN);
+        assert_eq!(
+            (Pen::from_picos(i128::MAX) + Pen::from_picos(1)).picos(),
+            i128::MAX
+        );
     }
 
     #[test]

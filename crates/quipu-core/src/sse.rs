@@ -12,6 +12,13 @@
 //! `id` and `retry` are ignored (no reconnection here). `[DONE]` and `ping` are protocol
 //! matters handled one layer up.
 //!
+//! One size rule bounds memory against a broken or hostile upstream: the data of the event
+//! being assembled plus the whole line being assembled (whatever its field — `data`, `event`,
+//! a comment, an unknown field) may not exceed the cap, else [`SseError::EventTooLarge`]. It is
+//! checked before anything is buffered and again when a line completes, so the same bytes
+//! give the same events, and the same error at the same event, however they were split into
+//! reads.
+//!
 //! Lines are split on `\n`/`\r` bytes, which never occur inside a multi-byte UTF-8 sequence, so
 //! a code point split across two reads needs no special care here; the data is handed on as
 //! bytes and its UTF-8 is checked by the JSON parser that reads it.
@@ -49,7 +56,7 @@ impl fmt::Display for SseError {
 
 impl std::error::Error for SseError {}
 
-/// Default cap on one event (data plus the line being assembled): 8 MiB.
+/// Default cap on one event (its data so far plus the line being assembled): 8 MiB.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 
 /// Incremental decoder. See the module docs.
@@ -105,15 +112,13 @@ impl SseDecoder {
         }
         while !input.is_empty() {
             let Some(end) = memchr::memchr2(b'\n', b'\r', input) else {
-                if self.partial_line.len() + input.len() + self.data.len() > self.max_event_bytes {
-                    return Err(SseError::EventTooLarge {
-                        limit: self.max_event_bytes,
-                    }
-                    .into());
-                }
+                self.check_cap(input.len())?;
                 self.partial_line.extend_from_slice(input);
                 return Ok(());
             };
+            // The same rule as above, for the line this terminator completes: whether a line
+            // arrived whole or in pieces does not change whether it fits.
+            self.check_cap(end)?;
             let terminator = input[end];
             let rest_start = if terminator == b'\r' {
                 match input.get(end + 1) {
@@ -159,6 +164,25 @@ impl SseDecoder {
         self.partial_line.len() + self.data.len()
     }
 
+    /// The one size rule, applied to every byte before it is buffered or used: the event's
+    /// data so far plus the whole line being assembled (any field, comments included; `more`
+    /// bytes of it not yet buffered) may not exceed the cap. Checked on every path, so a line
+    /// fits or not whatever the read boundaries were, and the decoder never holds more than
+    /// the cap.
+    fn check_cap(&self, more: usize) -> Result<(), SseError> {
+        let total = self
+            .data
+            .len()
+            .saturating_add(self.partial_line.len())
+            .saturating_add(more);
+        if total > self.max_event_bytes {
+            return Err(SseError::EventTooLarge {
+                limit: self.max_event_bytes,
+            });
+        }
+        Ok(())
+    }
+
     fn process_line<E, F>(&mut self, line: &[u8], on_event: &mut F) -> Result<(), E>
     where
         F: FnMut(SseEvent<'_>) -> Result<(), E>,
@@ -180,12 +204,8 @@ impl SseDecoder {
         };
         match field {
             b"data" => {
-                if self.data.len() + value.len() + 1 > self.max_event_bytes {
-                    return Err(SseError::EventTooLarge {
-                        limit: self.max_event_bytes,
-                    }
-                    .into());
-                }
+                // Within the cap: `check_cap` admitted `data` plus this whole line, which is
+                // longer than the `\n` and value appended here.
                 if self.has_data {
                     self.data.push(b'\n');
                 }
@@ -366,6 +386,121 @@ mod tests {
         let mut d = SseDecoder::new(16);
         let r = d.feed::<SseError, _>(b"data: 0123456789\ndata: 0123456789\n", |_| Ok(()));
         assert!(r.is_err());
+    }
+
+    /// Events delivered before the decoder stopped, and how it stopped.
+    fn decode_capped(cap: usize, chunks: &[&[u8]]) -> (Vec<Ev>, Result<(), SseError>) {
+        let mut d = SseDecoder::new(cap);
+        let mut out = Vec::new();
+        let mut push = |e: SseEvent<'_>| {
+            out.push(Ev(
+                e.event.map(str::to_owned),
+                String::from_utf8_lossy(e.data).into_owned(),
+            ));
+            Ok(())
+        };
+        for c in chunks {
+            if let Err(e) = d.feed::<SseError, _>(c, &mut push) {
+                return (out, Err(e));
+            }
+            assert!(d.buffered_len() <= cap, "buffer beyond its cap");
+        }
+        let r = d.finish::<SseError, _>(&mut push);
+        (out, r)
+    }
+
+    #[test]
+    fn the_cap_applies_to_every_line_whole_or_split() {
+        let too_large = Err(SseError::EventTooLarge { limit: 16 });
+        let cases: [(&[u8], usize, Result<(), SseError>); 9] = [
+            // A data line of exactly the cap fits, one byte more does not.
+            (
+                b"data: 0123456789
+
+",
+                1,
+                Ok(()),
+            ),
+            (
+                b"data: 0123456789a
+
+",
+                0,
+                too_large.clone(),
+            ),
+            // Non-data lines count too (they used to be checked only when split).
+            (
+                b": a comment longer than 16
+data: x
+
+",
+                0,
+                too_large.clone(),
+            ),
+            (
+                b"event: a-very-long-name
+data: x
+
+",
+                0,
+                too_large.clone(),
+            ),
+            (
+                b"retry: 12345678901234567
+data: x
+
+",
+                0,
+                too_large.clone(),
+            ),
+            // The event's data so far plus the next line.
+            (
+                b"data: 01234567
+event: abcdefgh
+
+",
+                0,
+                too_large.clone(),
+            ),
+            (
+                b"data: x
+
+data: 0123456789
+
+",
+                2,
+                Ok(()),
+            ),
+            (
+                b"data: x
+
+data: 0123456789ab
+
+",
+                1,
+                too_large.clone(),
+            ),
+            // An unterminated tail over the cap, at the end of the stream.
+            (
+                b"data: y
+
+data: 0123456789abcdef",
+                1,
+                too_large.clone(),
+            ),
+        ];
+        for (stream, events, result) in cases {
+            let label = String::from_utf8_lossy(stream);
+            let whole = decode_capped(16, &[stream]);
+            assert_eq!(whole.0.len(), events, "{label}");
+            assert_eq!(whole.1, result, "{label}");
+            for i in 0..=stream.len() {
+                let split = decode_capped(16, &[&stream[..i], &stream[i..]]);
+                assert_eq!(split, whole, "{label} split@{i}");
+            }
+            let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+            assert_eq!(decode_capped(16, &bytes), whole, "{label} bytewise");
+        }
     }
 
     #[test]

@@ -10,8 +10,12 @@
 //! - [`messages`]: messages-format requests → upstream; upstream responses and streams →
 //!   messages format (content blocks, event sequence, usage semantics).
 //! - [`upstream_error`]: upstream error bodies → client errors.
+//! - [`json_scan`]: an incremental JSON syntax check for streamed tool arguments.
+//! - [`image_url`]: which image URLs may be forwarded to the upstream (SSRF guard).
 
 pub mod chat;
+pub mod image_url;
+pub mod json_scan;
 pub mod messages;
 pub mod splice;
 pub mod upstream_error;

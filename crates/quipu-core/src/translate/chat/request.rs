@@ -6,11 +6,15 @@
 //! writes the upstream JSON directly. Client values that pass validation are copied as the
 //! client wrote them (their raw JSON text), so nothing is re-encoded on the way.
 //!
+//! A prompt needs at least one user or assistant message (system messages alone are a 400, as
+//! is a `content` that is an empty array of parts).
+//!
 //! Each message is rebuilt from its known fields (`role`, `content`, `name`, `tool_calls`,
 //! `tool_call_id`, and reasoning history) so that per-message extras do not leak upstream.
 
+use super::super::image_url::{check_image_url, ImageUrlRejection};
 use super::super::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
-use crate::config::{Config, ImageUrlPolicy, Model};
+use crate::config::{Config, Model};
 use crate::error::{write_json_str, ApiError, ErrorKind};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -732,6 +736,9 @@ fn write_messages(
     }
     // Tool call ids announced by assistant messages and not yet answered.
     let mut open_calls: HashSet<String> = HashSet::new();
+    // User and assistant messages: system messages alone are no conversation (chat templates
+    // raise on them, e.g. Qwen3's "No user query found in messages").
+    let mut turns = 0usize;
     out.push(b'[');
     for (i, m) in messages.into_iter().enumerate() {
         let at = Index(&"messages", i);
@@ -744,8 +751,14 @@ fn write_messages(
         let role = str_field(role_raw, p("role"))?;
         let role: &str = match role.as_ref() {
             "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
+            "user" => {
+                turns += 1;
+                "user"
+            }
+            "assistant" => {
+                turns += 1;
+                "assistant"
+            }
             "tool" => "tool",
             other => {
                 return Err(ApiError::invalid(
@@ -860,6 +873,12 @@ fn write_messages(
         }
         out.push(b'}');
     }
+    if turns == 0 {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must contain at least one user or assistant message; system messages alone are not a conversation",
+        ));
+    }
     out.push(b']');
     Ok(())
 }
@@ -881,6 +900,12 @@ fn validate_content(
             "`content` must be a string or an array of content parts ({\"type\":\"text\",…} or {\"type\":\"image_url\",…})",
         )
     })?;
+    if parts.is_empty() {
+        return Err(ApiError::invalid(
+            param.to_string(),
+            "`content` must not be an empty array; send at least one content part",
+        ));
+    }
     for (j, part) in parts.iter().enumerate() {
         let pp = Index(param, j);
         match part.kind.as_ref() {
@@ -926,7 +951,8 @@ fn validate_content(
 }
 
 /// Accepts `data:image/<png|jpeg|gif|webp>;base64,<base64>` and, unless the operator rejects
-/// URLs, `https://` URLs (fetched by the upstream, never by the gateway).
+/// URLs, http(s) URLs that [`check_image_url`] lets through (fetched by the upstream, never by
+/// the gateway; internal hosts are refused).
 pub fn validate_image_url(url: &str, config: &Config, param: &str) -> Result<(), ApiError> {
     if let Some(rest) = url.strip_prefix("data:") {
         let (meta, data) = rest
@@ -955,17 +981,14 @@ pub fn validate_image_url(url: &str, config: &Config, param: &str) -> Result<(),
         }
         return Ok(());
     }
-    if url.starts_with("https://") && config.security.image_urls == ImageUrlPolicy::Forward {
-        return Ok(());
+    match check_image_url(url, config.security.image_urls) {
+        Ok(()) => Ok(()),
+        Err(ImageUrlRejection::NotAccepted) => Err(ApiError::invalid(
+            param,
+            "images must be sent inline as base64 data URLs",
+        )),
+        Err(e) => Err(ApiError::invalid(param, e.message())),
     }
-    Err(ApiError::invalid(
-        param,
-        if config.security.image_urls == ImageUrlPolicy::Forward {
-            "images must be base64 data URLs or https:// URLs"
-        } else {
-            "images must be sent inline as base64 data URLs"
-        },
-    ))
 }
 
 /// Standard base64 with padding (as data URLs carry it): alphabet, length and padding checked.
@@ -985,7 +1008,7 @@ pub fn is_base64(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::EMBEDDED_DEFAULT;
+    use crate::config::{ImageUrlPolicy, EMBEDDED_DEFAULT};
     use serde_json::{json, Value};
 
     fn config() -> Config {
@@ -1183,6 +1206,36 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_needs_a_user_or_assistant_turn_and_parts() {
+        for messages in [
+            json!([{"role": "system", "content": "be brief"}]),
+            json!([{"role": "developer", "content": ""}, {"role": "system", "content": [{"type": "text", "text": "x"}]}]),
+        ] {
+            let e = err(json!({"model": "colibri", "messages": messages}));
+            assert_eq!(
+                e.kind,
+                ErrorKind::InvalidRequest {
+                    param: Some("messages".into())
+                },
+                "{messages}"
+            );
+            assert!(e.message.contains("user or assistant"), "{}", e.message);
+        }
+        // An empty parts array is no content (the vendor rejects it too).
+        let e = err(json!({"model": "colibri", "messages": [{"role": "user", "content": []}]}));
+        assert_eq!(
+            e.kind,
+            ErrorKind::InvalidRequest {
+                param: Some("messages[0].content".into())
+            }
+        );
+        let (_, up) = translate(json!({"model": "colibri", "messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": ""}]}))
+        .unwrap();
+        assert_eq!(up["messages"][1], json!({"role": "user", "content": ""}));
+    }
+
+    #[test]
     fn unknown_model_lists_slugs() {
         let e = err(hello("gpt-9"));
         assert_eq!(e.kind, ErrorKind::ModelNotFound);
@@ -1206,10 +1259,36 @@ mod tests {
         v["messages"][0]["content"][1]["image_url"]["url"] =
             json!("data:image/png;base64,not base64!");
         assert!(err(v.clone()).message.contains("base64"));
-        v["messages"][0]["content"][1]["image_url"]["url"] = json!("http://169.254.169.254/latest");
-        assert!(translate(v.clone()).is_err());
+        // Image URLs: public hosts only (the shared check in translate::image_url).
+        for bad in [
+            "http://169.254.169.254/latest",
+            "http://2130706433/",
+            "http://[::ffff:127.0.0.1]/",
+            "https://metadata.google.internal/",
+            "https://a@example.com/",
+            "file:///etc/passwd",
+        ] {
+            v["messages"][0]["content"][1]["image_url"]["url"] = json!(bad);
+            let e = err(v.clone());
+            assert_eq!(
+                e.kind,
+                ErrorKind::InvalidRequest {
+                    param: Some("messages[0].content[1].image_url.url".into())
+                },
+                "{bad}"
+            );
+        }
         v["messages"][0]["content"][1]["image_url"]["url"] = json!("https://example.com/cat.png");
-        assert!(translate(v).is_ok());
+        assert!(translate(v.clone()).is_ok());
+        // forward_any passes internal hosts (the upstream restricts fetching); reject, none.
+        let mut c = config();
+        c.security.image_urls = ImageUrlPolicy::ForwardAny;
+        v["messages"][0]["content"][1]["image_url"]["url"] = json!("http://10.0.0.5/a.png");
+        assert!(chat_to_upstream(&serde_json::to_vec(&v).unwrap(), &c).is_ok());
+        c.security.image_urls = ImageUrlPolicy::Reject;
+        v["messages"][0]["content"][1]["image_url"]["url"] = json!("https://example.com/cat.png");
+        let e = chat_to_upstream(&serde_json::to_vec(&v).unwrap(), &c).unwrap_err();
+        assert!(e.message.contains("inline"), "{}", e.message);
     }
 
     #[test]

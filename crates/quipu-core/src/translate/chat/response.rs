@@ -53,9 +53,10 @@ struct ChoiceSpans<'a> {
 struct MessageSpans<'a> {
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    /// `Some` whenever the member is present, `null` included (see [`present_raw`]).
+    #[serde(borrow, default, deserialize_with = "present_raw")]
     reasoning: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "present_raw")]
     reasoning_content: Option<&'a RawValue>,
     #[serde(borrow, default)]
     tool_calls: Option<Vec<ToolCallSpans<'a>>>,
@@ -73,6 +74,12 @@ struct FunctionSpans<'a> {
     arguments: Option<&'a RawValue>,
 }
 
+/// A member's raw value whenever the member is present. A plain `Option<&RawValue>` reads a
+/// `null` as absent, and a `null` twin must be replaced rather than duplicated.
+fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
 fn non_empty(raw: Option<&RawValue>) -> Option<&RawValue> {
     raw.filter(|r| {
         let s = r.get();
@@ -88,48 +95,78 @@ fn parse_usage(raw: Option<&RawValue>, timings: Option<&UpstreamTimings>) -> Opt
 }
 
 /// Adds splice edits that expose reasoning under the configured field names.
+///
+/// The text is taken from `reasoning`, else `reasoning_content`. Each wanted field gets it:
+/// a member already present with `null` or `""` (SGLang sends `"reasoning_content": null` on
+/// every delta) has its value replaced — never a second member with the same key; an absent
+/// one is added (or, when the text sits under the unwanted name only, that key is renamed).
+/// An unwanted field holding text is removed; unwanted `null`s are left as they are.
 fn reasoning_edits(src: &[u8], m: &MessageSpans<'_>, field: ReasoningField, splice: &mut Splice) {
-    let reasoning = non_empty(m.reasoning);
-    let reasoning_content = non_empty(m.reasoning_content);
-    let (have, want_other, other_key): (Option<&RawValue>, bool, &[u8]) =
-        match (field, reasoning, reasoning_content) {
-            (ReasoningField::Both, Some(r), None) => (Some(r), true, b"reasoning_content"),
-            (ReasoningField::Both, None, Some(r)) => (Some(r), true, b"reasoning"),
-            (ReasoningField::Reasoning, None, Some(r)) => (Some(r), false, b"reasoning"),
-            (ReasoningField::ReasoningContent, Some(r), None) => {
-                (Some(r), false, b"reasoning_content")
-            }
-            (ReasoningField::Reasoning, Some(_), Some(rc)) => {
-                if let Some(mr) = range_of(src, rc).and_then(|v| member_range(src, v)) {
-                    splice.replace(mr, b"");
-                }
-                (None, false, b"")
-            }
-            (ReasoningField::ReasoningContent, Some(r), Some(_)) => {
-                if let Some(mr) = range_of(src, r).and_then(|v| member_range(src, v)) {
-                    splice.replace(mr, b"");
-                }
-                (None, false, b"")
-            }
-            _ => (None, false, b""),
-        };
-    let Some(raw) = have else { return };
-    let Some(value) = range_of(src, raw) else {
+    let r = non_empty(m.reasoning);
+    let rc = non_empty(m.reasoning_content);
+    let Some(text) = r.or(rc) else { return };
+    let Some(text_range) = range_of(src, text) else {
         return;
     };
-    if want_other {
-        let mut ins = Vec::with_capacity(raw.get().len() + 24);
+    let (want_r, want_rc) = match field {
+        ReasoningField::Reasoning => (true, false),
+        ReasoningField::ReasoningContent => (false, true),
+        ReasoningField::Both => (true, true),
+    };
+    // (key, its member as sent, whether it holds text, whether the client wants it)
+    let fields: [(&[u8], Option<&RawValue>, bool, bool); 2] = [
+        (b"reasoning", m.reasoning, r.is_some(), want_r),
+        (
+            b"reasoning_content",
+            m.reasoning_content,
+            rc.is_some(),
+            want_rc,
+        ),
+    ];
+    let mut missing: Option<&[u8]> = None;
+    for (key, raw, has_text, wanted) in fields {
+        match (raw, has_text, wanted) {
+            (Some(raw), false, true) => {
+                if let Some(v) = range_of(src, raw) {
+                    splice.replace(v, text.get().as_bytes());
+                }
+            }
+            (None, _, true) => missing = Some(key),
+            _ => {}
+        }
+    }
+    for (_, raw, has_text, wanted) in fields {
+        if wanted || !has_text {
+            continue;
+        }
+        let Some(v) = raw.and_then(|raw| range_of(src, raw)) else {
+            continue;
+        };
+        match missing.take() {
+            // The text is only under the unwanted name: rename it.
+            Some(to) => {
+                if let Some(k) = key_range(src, v) {
+                    let mut quoted = Vec::with_capacity(to.len() + 2);
+                    quoted.push(b'"');
+                    quoted.extend_from_slice(to);
+                    quoted.push(b'"');
+                    splice.replace(k, &quoted);
+                }
+            }
+            None => {
+                if let Some(member) = member_range(src, v) {
+                    splice.replace(member, b"");
+                }
+            }
+        }
+    }
+    if let Some(key) = missing {
+        let mut ins = Vec::with_capacity(text.get().len() + key.len() + 4);
         ins.extend_from_slice(b",\"");
-        ins.extend_from_slice(other_key);
+        ins.extend_from_slice(key);
         ins.extend_from_slice(b"\":");
-        ins.extend_from_slice(raw.get().as_bytes());
-        splice.replace(value.end..value.end, &ins);
-    } else if let Some(key) = key_range(src, value) {
-        let mut k = Vec::with_capacity(other_key.len() + 2);
-        k.push(b'"');
-        k.extend_from_slice(other_key);
-        k.push(b'"');
-        splice.replace(key, &k);
+        ins.extend_from_slice(text.get().as_bytes());
+        splice.replace(text_range.end..text_range.end, &ins);
     }
 }
 
@@ -296,10 +333,22 @@ impl ChatStream {
                 self.usage = Some(u);
                 self.fragments_since_usage = 0;
             }
-            None => self.fragments_since_usage += fragments,
+            None => {
+                self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments)
+            }
         }
         self.scratch.clear();
         self.splice.apply(data, &mut self.scratch);
+        // An upstream may spread a chunk over several `data:` lines (legal SSE; the decoder
+        // joins them with `\n`). In JSON that parsed, a line break can only be whitespace
+        // between tokens, but relayed as is it would end the client's `data:` line.
+        if memchr::memchr2(b'\n', b'\r', &self.scratch).is_some() {
+            for b in &mut self.scratch {
+                if *b == b'\n' || *b == b'\r' {
+                    *b = b' ';
+                }
+            }
+        }
         write_data_frame(out, &self.scratch);
         Ok(())
     }
@@ -346,8 +395,11 @@ impl StreamTranslator for ChatStream {
 
     fn usage(&self) -> Usage {
         let reported = self.usage.unwrap_or_default();
+        // `completion_tokens` is the upstream's number: never trusted not to overflow.
         Usage {
-            completion_tokens: reported.completion_tokens + self.fragments_since_usage,
+            completion_tokens: reported
+                .completion_tokens
+                .saturating_add(self.fragments_since_usage),
             ..reported
         }
     }
@@ -438,7 +490,11 @@ mod tests {
                 completion_tokens: 3
             }
         );
-        assert!(!String::from_utf8_lossy(STREAM.as_bytes()).is_empty());
+        // The upstream's model name (in every upstream chunk) never reaches the client.
+        assert!(STREAM.contains("Qwen/Qwen3-32B"));
+        for f in &frames {
+            assert!(!f.to_string().contains("Qwen"), "{f}");
+        }
     }
 
     #[test]
@@ -471,6 +527,183 @@ mod tests {
         let s = "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"r\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
         let (frames, _, _) = run(&[s.as_bytes()], false, ReasoningField::Reasoning);
         assert_eq!(frames[0]["choices"][0]["delta"], json!({"reasoning": "r"}));
+    }
+
+    /// Each key of an object, in order (serde_json's `Value` would hide a duplicate).
+    fn keys(json: &str) -> Vec<String> {
+        struct Keys(Vec<String>);
+        impl<'de> serde::de::Visitor<'de> for &mut Keys {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+                while let Some((k, _)) = map.next_entry::<String, serde::de::IgnoredAny>()? {
+                    self.0.push(k);
+                }
+                Ok(())
+            }
+        }
+        let mut k = Keys(Vec::new());
+        serde::Deserializer::deserialize_map(&mut serde_json::Deserializer::from_str(json), &mut k)
+            .unwrap();
+        k.0
+    }
+
+    /// The raw text of `choices[0].<member>`.
+    fn raw_member<'a>(json: &'a str, member: &str) -> &'a str {
+        #[derive(Deserialize)]
+        struct Top<'a> {
+            #[serde(borrow)]
+            choices: Vec<std::collections::HashMap<String, &'a RawValue>>,
+        }
+        let t: Top = serde_json::from_str(json).unwrap();
+        t.choices[0][member].get()
+    }
+
+    #[test]
+    fn reasoning_twins_are_filled_not_duplicated() {
+        let delta_out = |delta: &str, field: ReasoningField| {
+            let s = format!(
+                "data: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n"
+            );
+            let mut t = ChatStream::new(ctx(), false, field);
+            let mut d = SseDecoder::default();
+            let mut out = Vec::new();
+            feed_stream(&mut d, &mut t, s.as_bytes(), &mut out);
+            let text = String::from_utf8(out).unwrap();
+            let frame = text
+                .split("\n\n")
+                .next()
+                .unwrap()
+                .strip_prefix("data: ")
+                .unwrap();
+            let v: Value = serde_json::from_str(frame).unwrap();
+            (
+                keys(raw_member(frame, "delta")),
+                v["choices"][0]["delta"].clone(),
+            )
+        };
+        use ReasoningField::*;
+        for (delta, field, want_keys, want) in [
+            // SGLang-style null twin, vLLM text: fill the twin (this used to add a second key).
+            (
+                r#"{"reasoning":"r","reasoning_content":null}"#,
+                Both,
+                vec!["reasoning", "reasoning_content"],
+                json!({"reasoning": "r", "reasoning_content": "r"}),
+            ),
+            (
+                r#"{"reasoning_content":null,"reasoning":"r"}"#,
+                Both,
+                vec!["reasoning_content", "reasoning"],
+                json!({"reasoning": "r", "reasoning_content": "r"}),
+            ),
+            (
+                r#"{"reasoning":"","reasoning_content":"r"}"#,
+                Both,
+                vec!["reasoning", "reasoning_content"],
+                json!({"reasoning": "r", "reasoning_content": "r"}),
+            ),
+            (
+                r#"{"reasoning":null,"reasoning_content":"r"}"#,
+                Reasoning,
+                vec!["reasoning"],
+                json!({"reasoning": "r"}),
+            ),
+            (
+                r#"{"reasoning_content":null,"reasoning":"r"}"#,
+                ReasoningContent,
+                vec!["reasoning_content"],
+                json!({"reasoning_content": "r"}),
+            ),
+            // Absent twins are added or renamed, as before.
+            (
+                r#"{"reasoning":"r"}"#,
+                Both,
+                vec!["reasoning", "reasoning_content"],
+                json!({"reasoning": "r", "reasoning_content": "r"}),
+            ),
+            (
+                r#"{"reasoning_content":"r","content":null}"#,
+                Reasoning,
+                vec!["reasoning", "content"],
+                json!({"reasoning": "r", "content": null}),
+            ),
+            (
+                r#"{"reasoning":"r"}"#,
+                ReasoningContent,
+                vec!["reasoning_content"],
+                json!({"reasoning_content": "r"}),
+            ),
+            (
+                r#"{"reasoning":"r","reasoning_content":"s"}"#,
+                Reasoning,
+                vec!["reasoning"],
+                json!({"reasoning": "r"}),
+            ),
+            // Nothing to expose: left alone.
+            (
+                r#"{"content":"c","reasoning_content":null}"#,
+                Both,
+                vec!["content", "reasoning_content"],
+                json!({"content": "c", "reasoning_content": null}),
+            ),
+        ] {
+            let (k, v) = delta_out(delta, field);
+            assert_eq!(k, want_keys, "{delta} {field:?}");
+            assert_eq!(v, want, "{delta} {field:?}");
+        }
+        // The same edits apply to a non-streaming message.
+        let body = br#"{"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"a","reasoning":"r","reasoning_content":null},"finish_reason":"stop"}]}"#;
+        let (out, _) = upstream_to_chat(body, &ctx(), ReasoningField::Both).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            keys(raw_member(&text, "message")),
+            ["role", "content", "reasoning", "reasoning_content"],
+            "{text}"
+        );
+        assert_eq!(text.matches("\"reasoning_content\"").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn multi_line_data_is_relayed_on_one_line() {
+        // Found by the chat_stream fuzz target once it spread chunks over several data lines.
+        let s = "data: {\"model\": \"m\",\r\ndata:  \"choices\": [{\"index\": 0, \"delta\": {\"content\": \"a\\nb\"},\r\ndata: \"finish_reason\": \"stop\"}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+        let mut t = ChatStream::new(ctx(), false, ReasoningField::Both);
+        let mut d = SseDecoder::default();
+        let mut out = Vec::new();
+        feed_stream(&mut d, &mut t, s.as_bytes(), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
+        assert_eq!(frames.len(), 2, "{text:?}");
+        let v: Value = serde_json::from_str(frames[0].strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(v["choices"][0]["delta"]["content"], "a\nb");
+        assert_eq!(v["model"], "aguila");
+        assert_eq!(frames[1], "data: [DONE]");
+    }
+
+    #[test]
+    fn absurd_upstream_usage_saturates() {
+        let s = format!(
+            "data: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"a\"}}}}],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{}}}}}\n\ndata: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"b\"}},\"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n",
+            u64::MAX
+        );
+        let (_, done, t) = run(&[s.as_bytes()], false, ReasoningField::Both);
+        assert!(done);
+        assert_eq!(t.usage().completion_tokens, u64::MAX);
+    }
+
+    #[test]
+    fn abort_is_relayed_and_the_usage_after_it_is_read() {
+        // The chat client sees the upstream's finish_reason as is; the usage chunk that follows
+        // is metered (the messages translator had to learn this, see c54 there).
+        let s = "data: {\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Half\"},\"finish_reason\":\"abort\"}]}\n\ndata: {\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":15,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n";
+        let (frames, done, t) = run(&[s.as_bytes()], false, ReasoningField::Both);
+        assert!(done);
+        assert_eq!(frames[0]["choices"][0]["finish_reason"], "abort");
+        assert_eq!(t.usage().prompt_tokens, 15);
+        assert_eq!(t.usage().completion_tokens, 3);
     }
 
     #[test]

@@ -7,11 +7,12 @@
 //! ignored, as the vendor's count endpoint ignores them.
 //!
 //! Upstream body: `{"model":…,"messages":[…],"tools":[…]?,…thinking switch…,
-//! "add_generation_prompt":true}`; answer `{"count":N,"max_model_len":…,"tokens":[…]}` →
+//! "add_generation_prompt":true}` (for a prefill, `"continue_final_message":true,
+//! "add_generation_prompt":false`, as the create request sends, so the count matches); answer `{"count":N,"max_model_len":…,"tokens":[…]}` →
 //! `{"input_tokens":N}`.
 
 use super::prompt::{write_prompt, PromptIn};
-use super::request::{parse_request, resolve_model, write_thinking};
+use super::request::{parse_request, resolve_model, write_prefill, write_thinking};
 use super::response::{malformed_response, push_u64};
 use crate::config::{Config, ModelId};
 use crate::error::{write_json_str, ApiError};
@@ -28,7 +29,7 @@ pub fn count_tokens_to_upstream(
     out.extend_from_slice(b"{\"model\":");
     write_json_str(&mut out, &model.upstream_model);
     out.push(b',');
-    write_prompt(
+    let prompt = write_prompt(
         PromptIn {
             system: req.system,
             messages: req.messages,
@@ -42,7 +43,12 @@ pub fn count_tokens_to_upstream(
     if let Some(raw) = req.thinking {
         write_thinking(raw, model, &mut out)?;
     }
-    out.extend_from_slice(b",\"add_generation_prompt\":true}");
+    if prompt.prefill && model.prefill {
+        write_prefill(true, model, &mut out);
+        out.push(b'}');
+    } else {
+        out.extend_from_slice(b",\"add_generation_prompt\":true}");
+    }
     Ok((model.id, out))
 }
 

@@ -7,13 +7,17 @@
 //! - `system` (string, or text blocks joined with `"\n\n"`) → one `system` message first.
 //!   Claude Code's per-request `x-anthropic-billing-header: …` text block is dropped: it
 //!   changes with every conversation and would defeat the upstream's prefix cache.
-//! - `role:"system"` entries inside `messages` → `system` messages in place.
+//! - `role:"system"` entries inside `messages` → `system` messages in place. A prompt needs at
+//!   least one user or assistant message: `system` entries alone are a 400 (an empty one
+//!   writes nothing, so they could otherwise reach the upstream as `"messages":[]`).
 //! - user blocks → first one `tool` message per `tool_result` (block order), then one `user`
 //!   message with the images found inside tool results (the `tool` role takes text only),
 //!   then one `user` message with the remaining text/image blocks in order. Tool results go
 //!   first even when the client wrote text before them: chat templates expect `tool` messages
 //!   right after the assistant's `tool_calls`, and user text between them is out of
 //!   distribution for tool-calling models (vllm#46321 was closed for that reason).
+//! - a final assistant message with text is a prefill ([`Prompt::prefill`]): the request
+//!   writers ask the upstream to continue it (per-model switch `prefill`).
 //! - assistant blocks → one `assistant` message: text joined into `content`, `thinking` into
 //!   `reasoning` (signature dropped), `tool_use` into `tool_calls` in order,
 //!   `redacted_thinking` dropped.
@@ -34,6 +38,7 @@ use crate::error::{write_json_str, ApiError};
 use crate::protocol::anthropic::{
     AnthropicBlock, AnthropicMessage, AnthropicSource, AnthropicTool,
 };
+use crate::translate::image_url::{check_image_url, ImageUrlRejection};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
@@ -79,6 +84,9 @@ pub struct Prompt<'a> {
     pub tools_bytes: usize,
     /// Tool names: declared tools and the shortened-name map.
     pub names: ToolNames<'a>,
+    /// The last message is an assistant message with text: a prefill the model should
+    /// continue rather than answer.
+    pub prefill: bool,
 }
 
 /// A 400 whose message starts with the offending field's path (clients of the messages format
@@ -267,6 +275,11 @@ struct Writer<'c, 'a> {
     /// turn, as the vendor merges them): what a `tool_result` may answer.
     open_ids: Vec<Cow<'a, str>>,
     prev_assistant: bool,
+    /// User and assistant messages written: a prompt of `system` entries alone is no
+    /// conversation (and an empty `system` writes nothing at all).
+    turns: usize,
+    /// The last message was an assistant message with text (see [`Prompt::prefill`]).
+    prefill: bool,
 }
 
 /// Validates the prompt and writes `"messages":[…]` and, if there are tools, `,"tools":[…]`.
@@ -284,6 +297,8 @@ pub fn write_prompt<'a>(
         names: ToolNames::default(),
         open_ids: Vec::new(),
         prev_assistant: false,
+        turns: 0,
+        prefill: false,
     };
     let tools = input
         .tools
@@ -311,6 +326,12 @@ pub fn write_prompt<'a>(
     for (i, m) in messages.iter().enumerate() {
         w.write_message(m, i, i == last, out)?;
     }
+    if w.turns == 0 {
+        return Err(invalid(
+            "messages".into(),
+            "must contain at least one user or assistant message; `system` entries alone are not a conversation",
+        ));
+    }
     out.push(b']');
     let messages_range = start..out.len();
 
@@ -325,6 +346,7 @@ pub fn write_prompt<'a>(
         messages_range,
         tools_bytes,
         names: w.names,
+        prefill: w.prefill,
     })
 }
 
@@ -494,6 +516,7 @@ impl<'a> Writer<'_, 'a> {
         match rawjson::decode(role).as_deref() {
             Some("user") => {
                 self.prev_assistant = false;
+                self.turns += 1;
                 self.write_user(content, i, out)
             }
             Some("assistant") => {
@@ -501,6 +524,7 @@ impl<'a> Writer<'_, 'a> {
                     self.open_ids.clear();
                 }
                 self.prev_assistant = true;
+                self.turns += 1;
                 self.write_assistant(content, i, is_last, out)
             }
             Some("system") => write_system(content, &|| p("content"), out),
@@ -580,22 +604,17 @@ impl<'a> Writer<'_, 'a> {
             out.extend_from_slice(b"\"}}");
             Ok(())
         } else if rawjson::str_eq(kind, "url") {
-            if self.config.security.image_urls == ImageUrlPolicy::Reject {
+            let policy = self.config.security.image_urls;
+            if policy == ImageUrlPolicy::Reject {
                 return Err(invalid(
                     format!("{}.type", sp()),
-                    "image URLs are not accepted by this gateway; send the image inline as base64",
+                    ImageUrlRejection::NotAccepted.message(),
                 ));
             }
             let url_raw = req_str(src.url, &|| format!("{}.url", sp()))?;
             let url = rawjson::decode(url_raw).unwrap_or_default();
-            let https = url
-                .get(..8)
-                .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
-            if !https || url.len() <= 8 {
-                return Err(invalid(
-                    format!("{}.url", sp()),
-                    "only https:// image URLs are accepted",
-                ));
+            if let Err(e) = check_image_url(&url, policy) {
+                return Err(invalid(format!("{}.url", sp()), e.message()));
             }
             out.extend_from_slice(b"{\"type\":\"image_url\",\"image_url\":{\"url\":");
             write_json_str(out, &url);
@@ -848,6 +867,7 @@ impl<'a> Writer<'_, 'a> {
             out.extend_from_slice(b"{\"role\":\"assistant\",\"content\":");
             out.extend_from_slice(content.get().as_bytes());
             out.push(b'}');
+            self.prefill = is_last && !rawjson::str_is_empty(content);
             return Ok(());
         }
         if !is_array(content) {
@@ -905,6 +925,7 @@ impl<'a> Writer<'_, 'a> {
             out.extend_from_slice(if calls > 0 { b"null" } else { b"\"\"" });
         } else {
             out.push(b'"');
+            self.prefill = is_last;
         }
         if write_joined(out, b",\"reasoning\":\"", b"", thoughts.iter().copied()) {
             out.push(b'"');

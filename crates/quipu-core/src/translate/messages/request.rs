@@ -12,8 +12,10 @@
 //!
 //! Upstream body, in this key order: `model` (the upstream's name), `messages`, `tools`,
 //! `max_tokens`, `temperature`, `top_p`, `top_k`, `stop`, `tool_choice`,
-//! `parallel_tool_calls`, `user`, the model's `thinking_on`/`thinking_off` keys, `stream`,
-//! `stream_options`. Equal requests give equal bytes.
+//! `parallel_tool_calls`, `user`, the model's `thinking_on`/`thinking_off` keys,
+//! `continue_final_message` and `add_generation_prompt` (only for a prefill — a final assistant
+//! message with text — on a model whose `prefill` switch is on: vLLM's defaults would start a
+//! new turn after it), `stream`, `stream_options`. Equal requests give equal bytes.
 
 use super::prompt::{invalid, parse_object, write_prompt, Items, PromptIn, ToolNames};
 use super::rawjson::{self, is_array, is_string};
@@ -107,6 +109,7 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
     if let Some(raw) = req.thinking {
         write_thinking(raw, model, &mut out)?;
     }
+    write_prefill(prompt.prefill, model, &mut out);
     out.extend_from_slice(b",\"stream\":");
     out.extend_from_slice(if stream { b"true" } else { b"false" });
     if stream {
@@ -373,6 +376,13 @@ fn write_tool_choice(
         out.extend_from_slice(b",\"parallel_tool_calls\":false");
     }
     Ok(())
+}
+
+/// A prefill on a model with the `prefill` switch: continue the final assistant message.
+pub(super) fn write_prefill(prefill: bool, model: &Model, out: &mut Vec<u8>) {
+    if prefill && model.prefill {
+        out.extend_from_slice(b",\"continue_final_message\":true,\"add_generation_prompt\":false");
+    }
 }
 
 /// `thinking`: `enabled` merges the model's `thinking_on` keys into the body, `disabled` its

@@ -2,14 +2,22 @@
 //!
 //! Content blocks come in the order the vendor uses: `thinking` (from `reasoning` or
 //! `reasoning_content`, with an empty `signature`), `text` (only if non-empty), then one
-//! `tool_use` per tool call (`input` = the parsed arguments; arguments that are empty, invalid
-//! or not an object become `{}` rather than a failure). `stop_reason` follows
-//! [`stop_reason`], shared with the stream translator. Also home of the helpers both
-//! translators use: the stop-reason table, upstream error objects, usage rendering.
+//! `tool_use` per tool call (`input` = the arguments, which must be one JSON object, or empty
+//! for `{}`). `stop_reason` follows [`stop_reason`], shared with the stream translator. Also
+//! home of the helpers both translators use: the stop-reason table, upstream error objects,
+//! usage rendering.
+//!
+//! Tool arguments are judged by the same [`ObjectScanner`] the stream translator runs on each
+//! fragment, in the same order, so a response fails or succeeds the same way streamed or not:
+//! malformed arguments are a 502 `api_error` (checked first: the stream sees them before the
+//! finish); then the finish reason; then arguments still incomplete at the finish — a 400
+//! saying `max_tokens` was reached inside the call if the finish is `length`, else the
+//! malformed-arguments error. No call is silently given `{}` for arguments it did have.
 
 use super::rawjson::is_object;
 use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
-use crate::protocol::upstream::ChatCompletion;
+use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
+use crate::translate::json_scan::{ObjectScanner, Scan};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::ResponseContext;
 use crate::usage::Usage;
@@ -173,10 +181,33 @@ pub fn client_tool_name<'x>(map: &'x [(String, String)], upstream: &'x str) -> &
         .map_or(upstream, |(_, c)| c.as_str())
 }
 
-/// Writes a `tool_use` input: the arguments if they are a JSON object, else `{}`.
-pub fn write_tool_input(out: &mut Vec<u8>, arguments: &str) {
-    match serde_json::from_str::<&RawValue>(arguments) {
-        Ok(raw) if is_object(raw) => out.extend_from_slice(raw.get().as_bytes()),
+/// Tool arguments that are not one JSON object (both translators).
+pub fn malformed_tool_arguments() -> ApiError {
+    ApiError::new(
+        ErrorKind::Upstream,
+        "the model server returned malformed tool arguments",
+    )
+}
+
+/// Tool arguments still incomplete when generation finished with `finish`.
+pub fn incomplete_tool_arguments(finish: &str) -> ApiError {
+    if finish == "length" {
+        ApiError::invalid(
+            "max_tokens",
+            "max_tokens was reached in the middle of a tool call, so the call's input is incomplete; retry with a larger max_tokens or ask for a smaller tool input",
+        )
+    } else {
+        malformed_tool_arguments()
+    }
+}
+
+/// Writes a `tool_use` input: the arguments (a JSON object, whitespace around it trimmed), or
+/// `{}` when there are none. `scan` is [`ObjectScanner::check`] of them.
+pub fn write_tool_input(out: &mut Vec<u8>, arguments: &str, scan: Scan) {
+    match scan {
+        Scan::Complete => {
+            out.extend_from_slice(arguments.trim_matches([' ', '\t', '\n', '\r']).as_bytes())
+        }
         _ => out.extend_from_slice(b"{}"),
     }
 }
@@ -200,8 +231,19 @@ pub fn upstream_to_message(
         .ok_or_else(|| malformed_response("a completion without choices"))?;
     let msg = &choice.message;
     let calls = msg.tool_calls.as_deref().unwrap_or_default();
+    let scans: Vec<Scan> = calls
+        .iter()
+        .map(|c| ObjectScanner::check(tool_arguments(c)))
+        .collect();
+    if scans.contains(&Scan::Invalid) {
+        return Err(malformed_tool_arguments());
+    }
     let matched = choice.matched_stop_string();
-    let stop = stop_reason(choice.finish_reason.as_deref(), matched, !calls.is_empty())?;
+    let finish = choice.finish_reason.as_deref();
+    let stop = stop_reason(finish, matched, !calls.is_empty())?;
+    if scans.contains(&Scan::Partial) {
+        return Err(incomplete_tool_arguments(finish.unwrap_or_default()));
+    }
     let reasoning = msg.reasoning_text();
     let text = msg.content.as_deref().filter(|t| !t.is_empty());
 
@@ -251,10 +293,7 @@ pub fn upstream_to_message(
         let name = call.function.name.as_deref().unwrap_or_default();
         write_json_str(&mut out, client_tool_name(&ctx.tool_name_map, name));
         out.extend_from_slice(b",\"input\":");
-        write_tool_input(
-            &mut out,
-            call.function.arguments.as_deref().unwrap_or_default(),
-        );
+        write_tool_input(&mut out, tool_arguments(call), scans[k]);
         out.push(b'}');
     }
     out.extend_from_slice(b"],\"stop_reason\":\"");
@@ -268,6 +307,10 @@ pub fn upstream_to_message(
     write_usage(&mut out, &usage);
     out.push(b'}');
     Ok((out, usage))
+}
+
+fn tool_arguments<'s>(call: &'s CompletionToolCall<'_>) -> &'s str {
+    call.function.arguments.as_deref().unwrap_or_default()
 }
 
 /// A tool-use id for a call the upstream sent without one.

@@ -1,7 +1,8 @@
 //! The streaming translator: upstream chat-completion chunks in, messages-format events out
 //! (reference §4.6). Incremental — each upstream payload is parsed once, borrowed, and turned
 //! into frames immediately; nothing earlier is kept except a few counters, the open block and
-//! one small record per tool call.
+//! one small record per tool call (plus, only while parallel calls interleave, the fragments
+//! of the calls waiting for their block, bounded).
 //!
 //! Output, always `event: <name>\ndata: <json>\n\n` with `data.type == name`:
 //!
@@ -15,24 +16,44 @@
 //!    not. The block starts once the name is known (a minted `toolu_…` id stands in for a
 //!    missing one); argument fragments that arrive before the name are held until it starts,
 //!    every later fragment becomes one `input_json_delta`, unbuffered.
-//! 3. On `finish_reason`: the open block is closed and `message_delta` is held until the
-//!    usage-only chunk (`choices` empty, missing or null) arrives, because OpenAI-style
-//!    servers send usage after the finish. Then `message_delta` (stop reason, matched stop
-//!    sequence, full usage) and `message_stop`. `[DONE]` or end-of-stream without a usage
-//!    chunk releases it with the usage known so far. Quipu never writes `[DONE]`.
-//! 4. Failure — a mid-stream `{"error":…}`, `finish_reason` `abort`/`error`, an unreadable
-//!    chunk, a stream that ends before any finish reason, or [`on_failure`] — writes one
-//!    `event: error` frame and ends the stream; nothing else is closed or sent (the vendor
-//!    does the same, and the SDKs raise on it).
+//! 3. Tool arguments are checked as they pass, with an incremental JSON scanner
+//!    ([`ObjectScanner`], O(fragment), nothing re-read): they must form one JSON object, or
+//!    be empty (input `{}`). A fragment that makes them malformed is not forwarded; the stream
+//!    ends with an `event: error` (`api_error`, "the model server returned malformed tool
+//!    arguments") — the non-streaming translation answers the same error as a 502, so both
+//!    paths agree instead of one falling back to `{}` while the other hands the SDK's JSON
+//!    accumulator text it cannot parse.
+//! 4. Parallel calls: one block is open at a time, so a call whose fragments interleave with
+//!    the open call's is held (its fragments buffered, at most [`MAX_HELD_ARGUMENTS`] bytes in
+//!    all) until the open call's arguments are complete, then started and flushed. A fragment
+//!    that arrives for a call whose block had to be closed early (by text or reasoning in
+//!    between, or at the finish) cannot be sent — blocks do not reopen — and ends the stream
+//!    with an error rather than truncating the call's input silently.
+//! 5. On `finish_reason`: calls still held are started, the open block is closed and
+//!    `message_delta` is held until the usage-only chunk (`choices` empty, missing or null)
+//!    arrives, because OpenAI-style servers send usage after the finish. Then `message_delta`
+//!    (stop reason, matched stop sequence, full usage) and `message_stop`. `[DONE]` or
+//!    end-of-stream without a usage chunk releases it with the usage known so far. Quipu never
+//!    writes `[DONE]`. A call whose arguments are still incomplete at the finish is an error
+//!    instead: with `finish_reason` `length`, a 400-class `invalid_request_error` saying
+//!    `max_tokens` was reached inside the call; otherwise the malformed-arguments error.
+//! 6. Failure — a mid-stream `{"error":…}`, an unreadable chunk, malformed tool arguments, a
+//!    stream that ends before any finish reason, or [`on_failure`] — writes one `event:
+//!    error` frame and ends the stream; nothing else is closed or sent (the vendor does the
+//!    same, and the SDKs raise on it). An error that comes *with* the finish (`finish_reason`
+//!    `abort`/`error`/unknown, incomplete tool arguments) is held like `message_delta`: the
+//!    usage chunk that follows is read first, so the tokens are metered, then the error is
+//!    written.
 //!
 //! [`on_failure`]: StreamTranslator::on_failure
 
 use super::response::{
-    client_tool_name, json_inner, minted_tool_id, push_u64, stop_reason, upstream_error,
-    write_usage, StopReason,
+    client_tool_name, incomplete_tool_arguments, json_inner, malformed_tool_arguments,
+    minted_tool_id, push_u64, stop_reason, upstream_error, write_usage, StopReason,
 };
-use crate::error::{write_json_str, ApiError, ClientFormat};
-use crate::protocol::upstream::{ChatChunk, ToolCallDelta};
+use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
+use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
+use crate::translate::json_scan::{ObjectScanner, Scan};
 use crate::translate::{malformed_stream, ResponseContext, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
 
@@ -46,6 +67,19 @@ enum Open {
     Tool(usize),
 }
 
+/// Most bytes of tool arguments held back for calls waiting for their block (see the module
+/// docs). A response is at most 8192 tokens, so real interleaved calls stay far below it.
+pub const MAX_HELD_ARGUMENTS: usize = 1024 * 1024;
+
+/// Where a tool call's block is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallState {
+    /// Not started: no name yet, or another call's block is open.
+    Waiting,
+    Open,
+    Closed,
+}
+
 /// One upstream tool call.
 #[derive(Debug)]
 struct ToolCall {
@@ -55,9 +89,11 @@ struct ToolCall {
     /// `id` was minted by Quipu: an id the upstream sends later is not a new call.
     minted: bool,
     name: String,
-    started: bool,
+    state: CallState,
     /// Argument fragments received before the block could start.
     pending: String,
+    /// The arguments so far, checked incrementally.
+    args: ObjectScanner,
 }
 
 /// What `message_delta` will say once usage is known.
@@ -78,6 +114,10 @@ pub struct MessagesStream {
     tools: Vec<ToolCall>,
     last_tool_index: u32,
     held: Option<Held>,
+    /// An error that came with the finish, written once usage is known (module docs, 6).
+    held_error: Option<ApiError>,
+    /// Bytes in the `pending` buffers of all calls.
+    held_bytes: usize,
     usage: Option<Usage>,
     /// Non-empty fragments received since the last chunk that carried usage: the fallback
     /// count of output tokens the upstream has not reported.
@@ -118,6 +158,8 @@ impl MessagesStream {
             tools: Vec::new(),
             last_tool_index: 0,
             held: None,
+            held_error: None,
+            held_bytes: 0,
             usage: None,
             fragments_since_usage: 0,
             end: StreamEnd::Open,
@@ -147,6 +189,11 @@ impl MessagesStream {
         if self.open == Open::None {
             return;
         }
+        if let Open::Tool(slot) = self.open {
+            if let Some(t) = self.tools.get_mut(slot) {
+                t.state = CallState::Closed;
+            }
+        }
         frame_open(out, "content_block_stop");
         write_index(out, self.open_index);
         frame_close(out);
@@ -158,7 +205,7 @@ impl MessagesStream {
         self.close_block(out);
         self.open = kind;
         self.open_index = self.next_index;
-        self.next_index += 1;
+        self.next_index = self.next_index.saturating_add(1);
         frame_open(out, "content_block_start");
         write_index(out, self.open_index);
         out.extend_from_slice(b",\"content_block\":");
@@ -214,7 +261,7 @@ impl MessagesStream {
             t.id = minted_tool_id(&self.ctx.request_id, slot);
             t.minted = true;
         }
-        t.started = true;
+        t.state = CallState::Open;
         out.extend_from_slice(b"{\"type\":\"tool_use\",\"id\":");
         write_json_str(out, &t.id);
         out.extend_from_slice(b",\"name\":");
@@ -222,13 +269,49 @@ impl MessagesStream {
         out.extend_from_slice(b",\"input\":{}}");
         frame_close(out);
         let pending = std::mem::take(&mut t.pending);
+        self.held_bytes = self.held_bytes.saturating_sub(pending.len());
         if !pending.is_empty() {
             self.input_json(&pending, out);
         }
     }
 
-    /// One entry of `delta.tool_calls`; returns how many fragments it carried (0 or 1).
-    fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> u64 {
+    /// Whether a waiting call may start now: it has a name, and no other call's block is
+    /// open with arguments still to come.
+    fn may_start(&self, slot: usize) -> bool {
+        let named = self.tools.get(slot).is_some_and(|t| !t.name.is_empty());
+        let free = match self.open {
+            Open::Tool(s) if s != slot => self
+                .tools
+                .get(s)
+                .is_none_or(|t| t.args.status() == Scan::Complete),
+            _ => true,
+        };
+        named && free
+    }
+
+    /// Once the open call's arguments are complete, starts the calls held behind it, in order.
+    fn advance(&mut self, out: &mut Vec<u8>) {
+        while let Open::Tool(s) = self.open {
+            if self
+                .tools
+                .get(s)
+                .is_none_or(|t| t.args.status() != Scan::Complete)
+            {
+                return;
+            }
+            let next = self
+                .tools
+                .iter()
+                .position(|t| t.state == CallState::Waiting && !t.name.is_empty());
+            match next {
+                Some(w) => self.start_tool(w, out),
+                None => return,
+            }
+        }
+    }
+
+    /// One entry of `delta.tool_calls`.
+    fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
         let index = tc.index.unwrap_or(self.last_tool_index);
         self.last_tool_index = index;
         let id = tc.id.as_deref().filter(|s| !s.is_empty());
@@ -255,14 +338,15 @@ impl MessagesStream {
                     id: String::new(),
                     minted: false,
                     name: String::new(),
-                    started: false,
+                    state: CallState::Waiting,
                     pending: String::new(),
+                    args: ObjectScanner::new(),
                 });
                 self.tools.len() - 1
             }
         };
         let Some(t) = self.tools.get_mut(slot) else {
-            return 0;
+            return Ok(());
         };
         if let (true, Some(id)) = (t.id.is_empty(), id) {
             id.clone_into(&mut t.id);
@@ -270,29 +354,87 @@ impl MessagesStream {
         if let (true, Some(name)) = (t.name.is_empty(), name) {
             name.clone_into(&mut t.name);
         }
-        if !t.started && !t.name.is_empty() {
-            self.start_tool(slot, out);
-        }
-        let Some(args) = args else {
-            return 0;
+        let was_complete = t.args.status() == Scan::Complete;
+        // Leading whitespace carries nothing, and a client's JSON accumulator may choke on it.
+        let args = match args {
+            Some(a) => match t.args.feed(a) {
+                Scan::Invalid => return Err(malformed_tool_arguments()),
+                Scan::Empty => None,
+                _ => Some(a),
+            },
+            None => None,
         };
-        match self.tools.get_mut(slot) {
-            Some(t) if !t.started => t.pending.push_str(args),
-            // Fragments for a call whose block was already closed (a server interleaving
-            // parallel calls) cannot be sent: blocks do not reopen.
-            Some(_) if self.open == Open::Tool(slot) => self.input_json(args, out),
-            _ => {}
+        match t.state {
+            CallState::Waiting => {
+                if let Some(a) = args {
+                    if self.held_bytes + a.len() > MAX_HELD_ARGUMENTS {
+                        return Err(ApiError::new(
+                            ErrorKind::Upstream,
+                            "the model server interleaved parallel tool calls beyond what the gateway can hold back",
+                        ));
+                    }
+                    self.held_bytes += a.len();
+                    t.pending.push_str(a);
+                }
+                if self.may_start(slot) {
+                    self.start_tool(slot, out);
+                }
+            }
+            CallState::Open => {
+                if let Some(a) = args {
+                    self.input_json(a, out);
+                }
+            }
+            // Blocks do not reopen. Whitespace after a complete object changes nothing; any
+            // other fragment would be lost, so the stream fails loudly instead.
+            CallState::Closed => {
+                if args.is_some_and(|a| !(was_complete && a.trim_ascii().is_empty())) {
+                    return Err(ApiError::new(
+                        ErrorKind::Upstream,
+                        "the model server sent tool-call arguments after the call's block had to be closed (interleaved with other output); the call's input would be incomplete",
+                    ));
+                }
+            }
         }
-        1
+        self.advance(out);
+        Ok(())
     }
 
-    /// Starts (and so flushes) tool calls still waiting for a name: the generation is over.
+    /// Starts (and so flushes) tool calls still waiting — for a name, or for the open call to
+    /// complete: the generation is over.
     fn flush_pending_tools(&mut self, out: &mut Vec<u8>) {
         for slot in 0..self.tools.len() {
-            if !self.tools[slot].started {
+            if self.tools[slot].state == CallState::Waiting {
                 self.start_tool(slot, out);
             }
         }
+    }
+
+    /// The finish chunk: hold `message_delta`, or the error the finish amounts to.
+    fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
+        let had_tools = !self.tools.is_empty();
+        let matched = choice.matched_stop_string();
+        let stop = match stop_reason(Some(finish), matched, had_tools) {
+            Ok(stop) => stop,
+            Err(e) => {
+                self.held_error = Some(e);
+                return;
+            }
+        };
+        self.flush_pending_tools(out);
+        self.close_block(out);
+        if self.tools.iter().any(|t| t.args.status() == Scan::Partial) {
+            self.held_error = Some(incomplete_tool_arguments(finish));
+            return;
+        }
+        let stop_sequence = match stop {
+            StopReason::StopSequence => matched.map(str::to_owned),
+            _ => None,
+        };
+        self.held = Some(Held {
+            stop,
+            stop_sequence,
+        });
     }
 
     fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
@@ -303,12 +445,13 @@ impl MessagesStream {
         }
         self.ensure_started(out);
         let choices = chunk.choices.as_deref().unwrap_or_default();
-        let mut fragments = 0;
+        let mut fragments = 0u64;
         let mut result = Ok(());
         // After the finish, only usage is read: the generation is over.
-        let choice = match self.held {
-            None => choices.iter().find(|c| c.index == 0),
-            Some(_) => None,
+        let over = self.held.is_some() || self.held_error.is_some();
+        let choice = match over {
+            false => choices.iter().find(|c| c.index == 0),
+            true => None,
         };
         if let Some(choice) = choice {
             if let Some(d) = &choice.delta {
@@ -321,28 +464,20 @@ impl MessagesStream {
                     fragments += 1;
                 }
                 for tc in d.tool_calls.iter().flatten() {
-                    fragments += self.tool_delta(tc, out);
+                    let carries = tc
+                        .function
+                        .as_ref()
+                        .and_then(|f| f.arguments.as_deref())
+                        .is_some_and(|a| !a.is_empty());
+                    fragments += u64::from(carries);
+                    if let Err(e) = self.tool_delta(tc, out) {
+                        result = Err(e);
+                        break;
+                    }
                 }
             }
-            if let Some(finish) = choice.finish_reason.as_deref() {
-                let had_tools = !self.tools.is_empty();
-                match stop_reason(Some(finish), choice.matched_stop_string(), had_tools) {
-                    Ok(stop) => {
-                        self.flush_pending_tools(out);
-                        self.close_block(out);
-                        let stop_sequence = match stop {
-                            StopReason::StopSequence => {
-                                choice.matched_stop_string().map(str::to_owned)
-                            }
-                            _ => None,
-                        };
-                        self.held = Some(Held {
-                            stop,
-                            stop_sequence,
-                        });
-                    }
-                    Err(e) => result = Err(e),
-                }
+            if let (Ok(()), Some(finish)) = (&result, choice.finish_reason.as_deref()) {
+                self.finish(choice, finish, out);
             }
         }
         match chunk.usage() {
@@ -350,11 +485,18 @@ impl MessagesStream {
                 self.usage = Some(u);
                 self.fragments_since_usage = 0;
             }
-            None => self.fragments_since_usage += fragments,
+            None => {
+                self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments)
+            }
         }
         result?;
-        if choices.is_empty() && chunk.usage.is_some() && self.held.is_some() {
-            self.complete(out);
+        if choices.is_empty() && chunk.usage.is_some() {
+            if let Some(e) = self.held_error.take() {
+                return Err(e);
+            }
+            if self.held.is_some() {
+                self.complete(out);
+            }
         }
         Ok(())
     }
@@ -405,7 +547,9 @@ impl StreamTranslator for MessagesStream {
         if self.end != StreamEnd::Open {
             return;
         }
-        if self.held.is_some() {
+        if let Some(e) = self.held_error.take() {
+            self.fail(e, out);
+        } else if self.held.is_some() {
             self.complete(out);
         } else {
             self.fail(
@@ -417,7 +561,9 @@ impl StreamTranslator for MessagesStream {
 
     fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>) {
         if self.end == StreamEnd::Open {
-            self.fail(error.clone(), out);
+            // An error held from the finish is what went wrong first.
+            let e = self.held_error.take().unwrap_or_else(|| error.clone());
+            self.fail(e, out);
         }
     }
 

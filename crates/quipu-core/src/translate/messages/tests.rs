@@ -15,8 +15,8 @@ use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::sse::SseDecoder;
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{
-    feed_stream, finish_stream, ResponseContext, StreamEnd, StreamTranslator, UpstreamRequest,
-    MAX_OUTPUT_TOKENS,
+    feed_stream, finish_stream, malformed_stream, ResponseContext, StreamEnd, StreamTranslator,
+    UpstreamRequest, MAX_OUTPUT_TOKENS,
 };
 use crate::usage::Usage;
 use serde_json::{json, Value};
@@ -326,6 +326,64 @@ fn c04_consecutive_same_role_and_prefill() {
 }
 
 #[test]
+fn prefill_asks_the_upstream_to_continue_the_final_message() {
+    let continues = |v: &Value| {
+        let u = upstream(v);
+        match (&u["continue_final_message"], &u["add_generation_prompt"]) {
+            (Value::Bool(true), Value::Bool(false)) => true,
+            (Value::Null, Value::Null) => false,
+            other => panic!("half a switch: {other:?}"),
+        }
+    };
+    let q = json!({"role": "user", "content": "q"});
+    // A prefill: string or text blocks (with thinking or a tool call besides).
+    for last in [
+        json!({"role": "assistant", "content": "{\"answer\": "}),
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Sure: "}]}),
+        json!({"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"}, {"type": "text", "text": "So"}]}),
+    ] {
+        assert!(continues(&base(json!([q, last]))), "{last}");
+    }
+    // Not a prefill: nothing to continue, or not the last message.
+    for messages in [
+        json!([q]),
+        json!([q, {"role": "assistant", "content": ""}]),
+        json!([q, {"role": "assistant", "content": []}]),
+        json!([q, {"role": "assistant", "content": [{"type": "thinking", "thinking": "t"}]}]),
+        json!([q, {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]),
+        json!([q, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]),
+        json!([q, {"role": "assistant", "content": "a"}, {"role": "system", "content": "s"}]),
+    ] {
+        assert!(!continues(&base(messages.clone())), "{messages}");
+    }
+    // The key order of the upstream body stays fixed: after the thinking switch, before stream.
+    let mut v = base(json!([q, {"role": "assistant", "content": "Sure"}]));
+    v["model"] = json!("apu");
+    v["thinking"] = json!({"type": "disabled"});
+    v["stream"] = json!(true);
+    let body = String::from_utf8(translate(&v).body).unwrap();
+    assert!(
+        body.contains("{\"enable_thinking\":false},\"continue_final_message\":true,\"add_generation_prompt\":false,\"stream\":true"),
+        "{body}"
+    );
+    // count_tokens counts the same prompt the same way.
+    let (_, up) = count_tokens_to_upstream(v.to_string().as_bytes(), config()).unwrap();
+    let up: Value = serde_json::from_slice(&up).unwrap();
+    assert_eq!(up["continue_final_message"], true);
+    assert_eq!(up["add_generation_prompt"], false);
+    // A model whose upstream rejects the fields (llama.cpp ignores them; others may not).
+    let mut c = Config::parse(crate::config::EMBEDDED_DEFAULT, "embedded").unwrap();
+    c.models.iter_mut().for_each(|m| m.prefill = false);
+    let r = messages_to_upstream(v.to_string().as_bytes(), &c).unwrap();
+    let u: Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(u.get("continue_final_message").is_none() && u.get("add_generation_prompt").is_none());
+    let (_, up) = count_tokens_to_upstream(v.to_string().as_bytes(), &c).unwrap();
+    let up: Value = serde_json::from_slice(&up).unwrap();
+    assert_eq!(up["add_generation_prompt"], true);
+    assert!(up.get("continue_final_message").is_none());
+}
+
+#[test]
 fn c05_images_base64_url_and_in_tool_result() {
     for media in ["image/jpeg", "image/png", "image/gif", "image/webp"] {
         let m = msgs(&base(json!([{"role": "user", "content": [
@@ -345,9 +403,43 @@ fn c05_images_base64_url_and_in_tool_result() {
     let e = messages_to_upstream(base(url).to_string().as_bytes(), &config_rejecting_urls())
         .unwrap_err();
     assert_eq!(param(&e), "messages[0].content[0].source.type");
-    let e = reject(&base(json!([{"role": "user", "content": [
-        {"type": "image", "source": {"type": "url", "url": "http://example.com/a.png"}}]}])));
-    assert_eq!(param(&e), "messages[0].content[0].source.url");
+    // Only public hosts: the upstream fetches the URL from inside its network (SSRF). The
+    // cases are in translate::image_url; here, that both places in a request are guarded.
+    let url_image = |url: &str| json!({"type": "image", "source": {"type": "url", "url": url}});
+    for bad in [
+        "ftp://example.com/a.png",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://0x7f.1/",
+        "https://user@example.com/a.png",
+        "http://localhost:8000/",
+    ] {
+        let e = reject(&base(
+            json!([{"role": "user", "content": [url_image(bad)]}]),
+        ));
+        assert_eq!(param(&e), "messages[0].content[0].source.url", "{bad}");
+        assert!(
+            e.message.starts_with("messages[0].content[0].source.url: "),
+            "{}",
+            e.message
+        );
+        let e = reject(&base(json!([
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [url_image(bad)]}]}
+        ])));
+        assert_eq!(
+            param(&e),
+            "messages[2].content[0].content[0].source.url",
+            "{bad}"
+        );
+    }
+    let m = msgs(&base(
+        json!([{"role": "user", "content": [url_image("http://example.com/a.png")]}]),
+    ));
+    assert_eq!(
+        m[0]["content"][0]["image_url"]["url"],
+        "http://example.com/a.png"
+    );
     // Inside a tool_result: text in the tool message, the image in a following user message.
     let m = msgs(&base(json!([
         {"role": "user", "content": "screenshot please"},
@@ -884,6 +976,43 @@ fn c16_missing_required_fields_are_400_in_the_messages_envelope() {
     }
 }
 
+#[test]
+fn system_entries_alone_are_400_not_an_empty_upstream_prompt() {
+    // Found by the messages_request fuzz target: an empty `system` entry writes nothing, so
+    // these used to reach the upstream as `"messages":[]`.
+    let billing = json!([{"type": "text", "text": "x-anthropic-billing-header: cc_version=1;"}]);
+    for messages in [
+        json!([{"role": "system", "content": ""}]),
+        json!([{"role": "system", "content": []}]),
+        json!([{"role": "system", "content": billing}]),
+        json!([{"role": "system", "content": "Be brief."}]),
+        json!([{"role": "system", "content": "a"}, {"role": "system", "content": "b"}]),
+    ] {
+        let v = json!({"model": "colibri", "max_tokens": 1, "messages": messages});
+        let e = reject(&v);
+        assert_eq!(param(&e), "messages", "{v}");
+        assert!(e.message.contains("user or assistant"), "{}", e.message);
+        assert_eq!(e.status(ClientFormat::Messages), 400);
+        let e = count_tokens_to_upstream(v.to_string().as_bytes(), config()).unwrap_err();
+        assert_eq!(param(&e), "messages");
+    }
+    // With a top-level system prompt too, and the exact fuzz input.
+    let mut v = base(json!([{"role": "system", "content": ""}]));
+    v["system"] = json!("Sys");
+    assert_eq!(param(&reject(&v)), "messages");
+    let e = messages_to_upstream(
+        br#"{"model":"colibri","max_tokens":1,"messages":[{"role":"system","content":""}]}"#,
+        config(),
+    )
+    .unwrap_err();
+    assert_eq!(param(&e), "messages");
+    // One real turn is enough, wherever the system entries are.
+    let m = msgs(&base(
+        json!([{"role": "system", "content": ""}, {"role": "user", "content": "hi"}]),
+    ));
+    assert_eq!(m, vec![json!({"role": "user", "content": "hi"})]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Request rules (DESIGN.md) beyond the checklist
 
@@ -1183,25 +1312,50 @@ fn c22_stop_sequence_vllm_sglang_and_token_id() {
 }
 
 #[test]
-fn c23_invalid_or_empty_arguments_become_empty_input() {
-    for args in [
-        json!(""),
-        json!("{\"a\": "),
-        json!("[1,2]"),
-        json!("null"),
-        json!("  "),
-        Value::Null,
-    ] {
-        let (m, _) = nonstream(&completion(
+fn c23_empty_arguments_are_empty_input_malformed_ones_an_error() {
+    let call = |args: Value, finish: &str| {
+        nonstream(&completion(
             json!({"role": "assistant", "content": null, "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}]}),
-            "tool_calls",
+            finish,
             json!({"prompt_tokens": 1, "completion_tokens": 1}),
         ))
-        .unwrap();
+    };
+    // No arguments: a tool without parameters.
+    for args in [json!(""), json!("  "), Value::Null] {
+        let (m, _) = call(args.clone(), "tool_calls").unwrap();
         assert_eq!(m["content"][0]["input"], json!({}), "{args}");
     }
-    // A call without an id gets a minted one.
+    // Arguments that are not one JSON object: the upstream is broken, and saying `{}` would
+    // run the tool with an input the model never wrote. The stream says the same (c23b).
+    for args in [
+        "[1,2]",
+        "null",
+        "\"x\"",
+        "{\"a\" 1}",
+        "{\"a\":1}}",
+        "{} {}",
+        "{\"a\":1,}",
+    ] {
+        let e = call(json!(args), "tool_calls").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Upstream, "{args}");
+        assert_eq!(e.status(ClientFormat::Messages), 502);
+        assert_eq!(
+            e.message,
+            "the model server returned malformed tool arguments"
+        );
+    }
+    // Incomplete: cut off by max_tokens (a 400 that says so), or by anything else.
+    let e = call(json!("{\"a\": "), "length").unwrap_err();
+    assert_eq!(e.kind.messages_type(), "invalid_request_error");
+    assert!(
+        e.message.starts_with("max_tokens was reached"),
+        "{}",
+        e.message
+    );
+    let e = call(json!("{\"a\": "), "tool_calls").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Upstream);
+    // A call without an id gets a minted one; whitespace around the object is dropped.
     let (m, _) = nonstream(&completion(
         json!({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": " {\"x\":1} "}}]}),
         "tool_calls",
@@ -1210,6 +1364,210 @@ fn c23_invalid_or_empty_arguments_become_empty_input() {
     .unwrap();
     assert_eq!(m["content"][0]["id"], "toolu_req_1_0");
     assert_eq!(m["content"][0]["input"], json!({"x": 1}));
+}
+
+/// The same answer streamed (in `fragments`) and not: both succeed with the same message, or
+/// both fail with the same error.
+fn assert_tool_answer_agrees(fragments: &[&str], finish: &str) -> Result<Value, ApiError> {
+    let mut chunks = vec![
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}),
+            Value::Null,
+        ),
+    ];
+    for f in fragments {
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": f}}]}),
+            Value::Null,
+        ));
+    }
+    chunks.push(chunk(json!({}), json!(finish)));
+    chunks.push(usage_chunk(9, 4, 0));
+    let s = stream(&sse(&chunks));
+    validate_event_sequence(&s.out).unwrap();
+    let plain = nonstream(&completion(
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": fragments.concat()}}]}),
+        finish,
+        json!({"prompt_tokens": 9, "completion_tokens": 4}),
+    ));
+    match (&plain, &s.error) {
+        (Ok((m, _)), None) => assert_eq!(&accumulate_message(&s.out).unwrap(), m),
+        (Err(a), Some(b)) => assert_eq!(a, b, "{fragments:?}"),
+        (p, e) => panic!("{fragments:?}: non-stream {p:?}, stream {e:?}"),
+    }
+    plain.map(|(m, _)| m)
+}
+
+#[test]
+fn c23b_streamed_tool_arguments_agree_with_the_non_streaming_answer() {
+    let m = assert_tool_answer_agrees(
+        &["{\"q\": \"ñ", "andú\\\"", "\", \"n\": -1.5e", "3}"],
+        "tool_calls",
+    )
+    .unwrap();
+    assert_eq!(
+        m["content"][0]["input"],
+        json!({"q": "ñandú\"", "n": -1.5e3})
+    );
+    // Whitespace only, and whitespace around the object.
+    let m = assert_tool_answer_agrees(&["  ", "\n"], "tool_calls").unwrap();
+    assert_eq!(m["content"][0]["input"], json!({}));
+    assert_tool_answer_agrees(&[" ", "{\"a\"", ":1}", " \n"], "tool_calls").unwrap();
+    // Malformed: in the first fragment, in a later one, after a complete object.
+    for bad in [
+        &["[1]"][..],
+        &["{\"a\":1", " \"b\":2}"],
+        &["{\"a\":1}", "}"],
+        &["{\"a\":tru", "th}"],
+    ] {
+        let e = assert_tool_answer_agrees(bad, "tool_calls").unwrap_err();
+        assert_eq!(
+            e.message,
+            "the model server returned malformed tool arguments"
+        );
+    }
+    // The bad fragment itself is never forwarded: what the client got still parses as far as
+    // it goes.
+    let s = stream(fixture!("malformed_tool_arguments"));
+    let text = String::from_utf8(s.out).unwrap();
+    assert!(!text.contains("country"), "{text}");
+    // Cut off by max_tokens: an error that comes with the finish, so the usage chunk after it
+    // is read first and the tokens are billed.
+    let e =
+        assert_tool_answer_agrees(&["{\"path\": \"a\", \"content\": \"lor"], "length").unwrap_err();
+    assert_eq!(e.kind.messages_type(), "invalid_request_error");
+    let s = stream(fixture!("tool_arguments_cut_by_length"));
+    assert_eq!((s.usage.prompt_tokens, s.usage.completion_tokens), (80, 64));
+    // The finish is `length` but the call is complete: an ordinary max_tokens stop.
+    let m = assert_tool_answer_agrees(&["{\"a\":1}"], "length").unwrap();
+    assert_eq!(m["stop_reason"], "max_tokens");
+}
+
+#[test]
+fn interleaved_parallel_tool_arguments_are_held_back_not_dropped() {
+    // Fixture interleaved_parallel_tools: fragments for index 0 and 1 alternate.
+    let s = stream(fixture!("interleaved_parallel_tools"));
+    validate_event_sequence(&s.out).unwrap();
+    let m = accumulate_message(&s.out).unwrap();
+    assert_eq!(
+        m["content"],
+        json!([
+            {"type": "tool_use", "id": "call_a", "name": "get_weather", "input": {"city": "Lima"}},
+            {"type": "tool_use", "id": "call_b", "name": "get_time", "input": {"tz": "America/Lima"}}
+        ])
+    );
+    let (plain, _) = nonstream(&completion(
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Lima\"}"}},
+            {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"America/Lima\"}"}}]}),
+        "tool_calls",
+        json!({"prompt_tokens": 120, "completion_tokens": 24}),
+    ))
+    .unwrap();
+    assert_eq!(m["content"], plain["content"]);
+    // Three calls, the held ones flushed in order once the open one completes.
+    let tc = |i: u32, args: &str| {
+        chunk(
+            json!({"tool_calls": [{"index": i, "function": {"arguments": args}}]}),
+            Value::Null,
+        )
+    };
+    let head = |i: u32| {
+        chunk(
+            json!({"tool_calls": [{"index": i, "id": format!("c{i}"), "type": "function", "function": {"name": format!("f{i}"), "arguments": ""}}]}),
+            Value::Null,
+        )
+    };
+    let s = stream(&sse(&[
+        head(0),
+        head(1),
+        head(2),
+        tc(2, "{\"z\":"),
+        tc(1, "{\"y\":"),
+        tc(0, "{\"x\":"),
+        tc(1, "2}"),
+        tc(2, "3}"),
+        tc(0, "1}"),
+        chunk(json!({}), json!("tool_calls")),
+        usage_chunk(5, 9, 0),
+    ]));
+    let m = accumulate_message(&s.out).unwrap();
+    let inputs: Vec<&Value> = m["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| &b["input"])
+        .collect();
+    assert_eq!(
+        inputs,
+        [&json!({"x": 1}), &json!({"y": 2}), &json!({"z": 3})]
+    );
+}
+
+#[test]
+fn tool_arguments_that_cannot_be_delivered_fail_loudly() {
+    // A call closed early by text, then more of its arguments: they cannot be sent.
+    let s = stream(&sse(&[
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({"content": "meanwhile"}), Value::Null),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+        usage_chunk(5, 9, 0),
+    ]));
+    validate_event_sequence(&s.out).unwrap();
+    assert_eq!(s.end, StreamEnd::Failed);
+    assert!(s
+        .error
+        .unwrap()
+        .message
+        .contains("after the call's block had to be closed"));
+    // Whitespace after a complete, closed call is harmless.
+    let s = stream(&sse(&[
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 1, "id": "c1", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": " "}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+        usage_chunk(5, 9, 0),
+    ]));
+    assert_eq!(s.end, StreamEnd::Complete);
+    // Held-back arguments are bounded.
+    let big = "x".repeat(64 * 1024);
+    let mut chunks = vec![
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "f", "arguments": "{\"a\":\""}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 1, "id": "c1", "type": "function", "function": {"name": "g", "arguments": "{\"b\":\""}}]}),
+            Value::Null,
+        ),
+    ];
+    for _ in 0..(stream::MAX_HELD_ARGUMENTS / big.len() + 1) {
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": big}}]}),
+            Value::Null,
+        ));
+    }
+    let s = stream(&sse(&chunks));
+    assert_eq!(s.end, StreamEnd::Failed);
+    assert!(s.error.unwrap().message.contains("hold back"));
 }
 
 #[test]
@@ -1815,13 +2173,13 @@ fn c49_upstream_statuses_before_the_first_byte_map_to_messages_errors() {
 }
 
 #[test]
-fn c50_context_overflow_becomes_prompt_is_too_long() {
+fn c50_context_overflow_becomes_the_vendors_wording() {
     let s = stream(fixture!("midstream_context_overflow"));
     let ev = events(&s.out);
     assert_eq!(ev.len(), 1);
     assert_eq!(
         ev[0].1["error"],
-        json!({"type": "invalid_request_error", "message": "prompt is too long: 8000 tokens > 8192 maximum"})
+        json!({"type": "invalid_request_error", "message": "input length and `max_tokens` exceed context limit: 8000 + 1001 > 8192, decrease input length or `max_tokens` and try again"})
     );
     // In a 200 body (non-streaming), llama.cpp's shape.
     let e = upstream_to_message(
@@ -1897,15 +2255,67 @@ fn c53_flat_error_envelopes() {
 }
 
 #[test]
-fn c54_finish_abort_is_an_error() {
+fn c54_finish_abort_is_an_error_after_its_usage_is_read() {
+    // The usage chunk follows the abort chunk (continuous usage off): it is read before the
+    // error frame, so the request is billed for its input and output.
     let s = stream(fixture!("finish_abort"));
     let n = names(&s.out);
     assert_eq!(n.last().unwrap(), "error");
     assert!(!n.contains(&"content_block_stop".to_owned()));
     assert_eq!(s.end, StreamEnd::Failed);
-    assert_eq!(s.usage.prompt_tokens, 0);
-    let s = stream(&sse(&[chunk(json!({"content": "x"}), json!("error"))]));
-    assert_eq!(names(&s.out).last().unwrap(), "error");
+    assert_eq!(
+        s.usage,
+        Usage {
+            prompt_tokens: 15,
+            cached_tokens: 0,
+            completion_tokens: 3
+        }
+    );
+    assert_eq!(
+        s.error.unwrap().message,
+        "the model server aborted the generation"
+    );
+    // Nothing but usage is read after the abort; the error waits for it, then ends the stream.
+    let mut t = MessagesStream::new(ctx());
+    let mut out = Vec::new();
+    let data = |v: Value| v.to_string().into_bytes();
+    t.on_event(
+        &data(chunk(json!({"content": "Half"}), json!("abort"))),
+        &mut out,
+    );
+    assert_eq!(t.end(), StreamEnd::Open);
+    assert!(!String::from_utf8_lossy(&out).contains("error"));
+    t.on_event(
+        &data(chunk(json!({"content": "ignored"}), Value::Null)),
+        &mut out,
+    );
+    assert!(!String::from_utf8_lossy(&out).contains("ignored"));
+    t.on_event(&data(usage_chunk(15, 3, 4)), &mut out);
+    assert_eq!(t.end(), StreamEnd::Failed);
+    assert_eq!(t.usage().prompt_tokens, 15);
+    assert_eq!(names(&out).last().unwrap(), "error");
+    // Without a usage chunk: released by [DONE], by the end of the stream, or by a failure.
+    for ending in ["done", "eof", "reset"] {
+        let mut t = MessagesStream::new(ctx());
+        let mut out = Vec::new();
+        t.on_event(
+            &data(chunk(json!({"content": "x"}), json!("error"))),
+            &mut out,
+        );
+        match ending {
+            "done" => t.on_event(b"[DONE]", &mut out),
+            "eof" => t.on_end(&mut out),
+            _ => t.on_failure(&malformed_stream("reset"), &mut out),
+        }
+        assert_eq!(t.end(), StreamEnd::Failed, "{ending}");
+        assert_eq!(
+            t.error().unwrap().message,
+            "the model server failed during generation",
+            "{ending}"
+        );
+        assert_eq!(names(&out).last().unwrap(), "error");
+        validate_event_sequence(&out).unwrap();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2170,9 +2580,8 @@ fn validator_rejects_broken_sequences() {
     .unwrap();
 }
 
-#[test]
-fn request_translation_is_fast() {
-    // A Claude Code-sized request: ~20 tools, a long system prompt, a growing conversation.
+/// A Claude Code-sized request (~20 tools, a long system prompt, `turns` tool round trips).
+fn claude_code_sized(turns: usize) -> String {
     let mut v = claude_code_request("x-anthropic-billing-header: a;", "hi");
     let schema = json!({"type": "object", "properties": {"command": {"type": "string", "description": "d".repeat(200)}}});
     let tools: Vec<Value> = (0..20)
@@ -2181,18 +2590,41 @@ fn request_translation_is_fast() {
     v["tools"] = json!(tools);
     v["system"][2]["text"] = json!("You are an agent.\n".repeat(400));
     let msgs = v["messages"].as_array_mut().unwrap();
-    for i in 0..20 {
+    for i in 0..turns {
         let id = format!("toolu_{i}");
         msgs.push(json!({"role": "assistant", "content": [{"type": "text", "text": "Running.\n"}, {"type": "tool_use", "id": id, "name": "Tool1", "input": {"command": "ls -la"}}]}));
         msgs.push(json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": "file\n".repeat(100), "is_error": false}]}));
     }
-    let body = v.to_string();
-    let n = 200;
-    let start = std::time::Instant::now();
-    for _ in 0..n {
-        std::hint::black_box(messages_to_upstream(body.as_bytes(), config()).unwrap());
-    }
-    let per = start.elapsed() / n;
-    eprintln!("{} byte request translated in {per:?}", body.len());
-    assert!(per < std::time::Duration::from_millis(2), "{per:?}");
+    v.to_string()
+}
+
+/// Speed is measured by the benchmarks (`benches/stream.rs`), not by a wall-clock assertion
+/// that flakes on a loaded CI machine. What a test can pin is the shape of the work: the
+/// upstream body grows linearly with the conversation, by what each turn adds, and is no
+/// bigger than the client's body plus the escaping of tool inputs.
+#[test]
+fn request_translation_is_linear_in_the_conversation() {
+    let sizes: Vec<(usize, usize)> = [20, 40, 80]
+        .into_iter()
+        .map(|turns| {
+            let body = claude_code_sized(turns);
+            let r = messages_to_upstream(body.as_bytes(), config()).unwrap();
+            let up: Value = serde_json::from_slice(&r.body).unwrap();
+            // system + 2 user blocks' message + system entry + one assistant and one tool
+            // message per turn.
+            assert_eq!(up["messages"].as_array().unwrap().len(), 3 + 2 * turns);
+            assert!(
+                r.body.len() < body.len(),
+                "{} vs {}",
+                r.body.len(),
+                body.len()
+            );
+            (body.len(), r.body.len())
+        })
+        .collect();
+    // Every turn adds the same bytes (to within the digits of the growing ids): 40 more turns
+    // add twice what 20 more did.
+    let twenty = sizes[1].1 - sizes[0].1;
+    let forty = sizes[2].1 - sizes[1].1;
+    assert!(forty.abs_diff(2 * twenty) <= twenty / 100, "{sizes:?}");
 }
