@@ -13,6 +13,7 @@
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::keys::{constant_time_eq, hash_secret};
 use crate::proxy::meters::TenantMeters;
+use crate::ratelimit::RateCounters;
 use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
 use arc_swap::ArcSwap;
 use http::HeaderMap;
@@ -28,6 +29,10 @@ pub struct Principal {
     pub limits: KeyLimits,
     /// The tenant's billing counters, resolved once per model (see `proxy::meters`).
     pub meters: TenantMeters,
+    /// This key's rate-limit windows, and its tenant's (shared by the tenant's keys); carried
+    /// over when the snapshot is rebuilt.
+    pub key_rates: Arc<RateCounters>,
+    pub tenant_rates: Arc<RateCounters>,
     secret_hash: [u8; 32],
 }
 
@@ -61,11 +66,25 @@ impl KeySnapshot {
         }
     }
 
-    /// Replaces the table (used by [`refresh`](Self::refresh) and by tests).
+    /// Replaces the table (used by [`refresh`](Self::refresh) and by tests). Rate-limit counts
+    /// of keys and tenants that stay are kept: creating or revoking one key must not reset the
+    /// windows of all the others.
     pub fn install(&self, version: i64, keys: Vec<ActiveKey>) {
+        let old = self.current.load();
+        let mut key_rates: HashMap<&str, Arc<RateCounters>> = HashMap::new();
+        let mut tenant_rates: HashMap<TenantId, Arc<RateCounters>> = HashMap::new();
+        for p in old.keys.values() {
+            key_rates.insert(p.key_id.as_str(), p.key_rates.clone());
+            tenant_rates.insert(p.tenant_id, p.tenant_rates.clone());
+        }
         let keys = keys
             .into_iter()
             .map(|k| {
+                let key = key_rates
+                    .get(k.key_id.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                let tenant = tenant_rates.entry(k.tenant_id).or_default().clone();
                 (
                     k.secret_hash,
                     Arc::new(Principal {
@@ -74,6 +93,8 @@ impl KeySnapshot {
                         tenant_name: k.tenant_name,
                         limits: k.limits,
                         meters: TenantMeters::new(self.models),
+                        key_rates: key,
+                        tenant_rates: tenant,
                         secret_hash: k.secret_hash,
                     }),
                 )
