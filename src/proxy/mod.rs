@@ -32,6 +32,7 @@ use meters::Meters;
 use pingora::connectors::http::v1::Connector;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
+use prometheus::IntGauge;
 use route::Route;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -47,9 +48,41 @@ pub struct Gateway {
     pub accounts: Arc<Accounts>,
     pub ledger: LedgerHandle,
     pub limits: RateLimiter,
-    /// API requests between `request_filter` and `logging` (for draining on shutdown).
+    /// API requests between `request_filter` and `logging` (for `server.max_in_flight`).
     pub in_flight: Arc<AtomicUsize>,
     pub meters: Meters,
+}
+
+/// Counts an API request as in flight while it lives: in `in_flight` and in its route's
+/// `quipu_requests_in_flight` gauge. Held by the request's context, so a request whose task
+/// panics or is cancelled (and never reaches `logging`) gives its slot back all the same.
+pub struct InFlight {
+    count: Arc<AtomicUsize>,
+    gauge: IntGauge,
+}
+
+impl InFlight {
+    fn new(count: &Arc<AtomicUsize>, gauge: &IntGauge) -> InFlight {
+        count.fetch_add(1, Ordering::SeqCst);
+        gauge.inc();
+        InFlight {
+            count: count.clone(),
+            gauge: gauge.clone(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InFlight")
+    }
 }
 
 /// Per-request state.
@@ -86,7 +119,9 @@ pub struct RequestCtx {
     pub attempts: u32,
     /// Time spent waiting on the upstream (to report the gateway's own overhead).
     pub upstream_time: Duration,
-    counted_in_flight: bool,
+    /// `request_filter` (API routes): this request's in-flight slot, released when `logging`
+    /// ends or, if it never runs, when the context is dropped.
+    in_flight: Option<InFlight>,
 }
 
 /// A time-ordered, unique request id: `req_` + 12 hex digits of milliseconds + 16 random.
@@ -113,7 +148,7 @@ impl Default for RequestCtx {
             replica: None,
             attempts: 0,
             upstream_time: Duration::ZERO,
-            counted_in_flight: false,
+            in_flight: None,
         }
     }
 }
@@ -143,9 +178,10 @@ impl ProxyHttp for Gateway {
             _ => route::format_for_path(header.uri.path()),
         };
         if ctx.route.is_api() {
-            self.in_flight.fetch_add(1, Ordering::SeqCst);
-            ctx.counted_in_flight = true;
-            self.meters.in_flight(ctx.route).inc();
+            ctx.in_flight = Some(InFlight::new(
+                &self.in_flight,
+                self.meters.in_flight(ctx.route),
+            ));
         }
         api::handle(self, session, ctx).await?;
         Ok(true)
@@ -179,15 +215,9 @@ impl ProxyHttp for Gateway {
         _e: Option<&pingora::Error>,
         ctx: &mut RequestCtx,
     ) {
-        if ctx.counted_in_flight {
-            ctx.counted_in_flight = false;
-            self.meters.in_flight(ctx.route).dec();
-        }
         self.settle(ctx);
         self.observe(ctx);
-        if ctx.route.is_api() {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        }
+        drop(ctx.in_flight.take());
     }
 }
 
