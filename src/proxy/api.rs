@@ -29,8 +29,13 @@ pub async fn handle(
     downstream.set_read_timeout(Some(gw.config.server.client_read_timeout));
     downstream.set_write_timeout(Some(gw.config.server.client_write_timeout));
     // HTTP/1.1 keeps idle connections forever by default; bound them (a client's
-    // `Connection: close` still wins).
-    downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
+    // `Connection: close` still wins). A draining server closes each connection after its
+    // request.
+    if gw.life.draining() {
+        downstream.set_keepalive(None);
+    } else {
+        downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
+    }
     match ctx.route {
         Route::Models => respond::json(session, ctx, 200, gw.catalog.models.clone(), None).await,
         Route::Pricing => respond::json(session, ctx, 200, gw.catalog.pricing.clone(), None).await,

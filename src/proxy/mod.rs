@@ -13,6 +13,7 @@
 //! [`RequestCtx`] carries what one phase learns to the next; each field says who sets it.
 
 pub mod api;
+pub mod conn;
 pub mod meters;
 pub mod relay;
 pub mod respond;
@@ -28,6 +29,7 @@ use crate::store::{now_ms, LedgerRow};
 use crate::upstream::ModelPool;
 use crate::usage::Usage;
 use async_trait::async_trait;
+use conn::Lifecycle;
 use meters::Meters;
 use pingora::connectors::http::v1::Connector;
 use pingora::proxy::{ProxyHttp, Session};
@@ -50,6 +52,8 @@ pub struct Gateway {
     pub limits: RateLimiter,
     /// API requests between `request_filter` and `logging` (for `server.max_in_flight`).
     pub in_flight: Arc<AtomicUsize>,
+    /// Connections and requests of every route, and whether the server is draining.
+    pub life: Arc<Lifecycle>,
     pub meters: Meters,
 }
 
@@ -171,6 +175,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        conn::head_read();
         let header = session.req_header();
         ctx.route = route::route(&header.method, header.uri.path());
         ctx.format = match ctx.route {
