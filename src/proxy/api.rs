@@ -391,11 +391,13 @@ async fn count_tokens(
         );
         return fail(session, ctx, &e).await;
     }
-    match relay::tokenize(gw, ctx, model, &tokenize_body).await {
-        Ok(upstream) => match messages::tokenize_to_count_tokens(&upstream) {
+    match relay::tokenize(gw, session, ctx, model, &tokenize_body).await {
+        Ok(Some(upstream)) => match messages::tokenize_to_count_tokens(&upstream) {
             Ok(out) => respond::json(session, ctx, 200, Bytes::from(out), None).await,
             Err(e) => fail(session, ctx, &e).await,
         },
+        // The client went away: nobody to answer.
+        Ok(None) => Ok(()),
         Err(e) => fail(session, ctx, &e).await,
     }
 }
