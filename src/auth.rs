@@ -13,6 +13,7 @@
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::keys::{constant_time_eq, hash_secret};
 use crate::proxy::meters::TenantMeters;
+use crate::ratelimit::RateCounters;
 use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
 use arc_swap::ArcSwap;
 use http::HeaderMap;
@@ -28,6 +29,10 @@ pub struct Principal {
     pub limits: KeyLimits,
     /// The tenant's billing counters, resolved once per model (see `proxy::meters`).
     pub meters: TenantMeters,
+    /// This key's rate-limit windows, and its tenant's (shared by the tenant's keys); carried
+    /// over when the snapshot is rebuilt.
+    pub key_rates: Arc<RateCounters>,
+    pub tenant_rates: Arc<RateCounters>,
     secret_hash: [u8; 32],
 }
 
@@ -61,11 +66,25 @@ impl KeySnapshot {
         }
     }
 
-    /// Replaces the table (used by [`refresh`](Self::refresh) and by tests).
+    /// Replaces the table (used by [`refresh`](Self::refresh) and by tests). Rate-limit counts
+    /// of keys and tenants that stay are kept: creating or revoking one key must not reset the
+    /// windows of all the others.
     pub fn install(&self, version: i64, keys: Vec<ActiveKey>) {
+        let old = self.current.load();
+        let mut key_rates: HashMap<&str, Arc<RateCounters>> = HashMap::new();
+        let mut tenant_rates: HashMap<TenantId, Arc<RateCounters>> = HashMap::new();
+        for p in old.keys.values() {
+            key_rates.insert(p.key_id.as_str(), p.key_rates.clone());
+            tenant_rates.insert(p.tenant_id, p.tenant_rates.clone());
+        }
         let keys = keys
             .into_iter()
             .map(|k| {
+                let key = key_rates
+                    .get(k.key_id.as_str())
+                    .cloned()
+                    .unwrap_or_default();
+                let tenant = tenant_rates.entry(k.tenant_id).or_default().clone();
                 (
                     k.secret_hash,
                     Arc::new(Principal {
@@ -74,6 +93,8 @@ impl KeySnapshot {
                         tenant_name: k.tenant_name,
                         limits: k.limits,
                         meters: TenantMeters::new(self.models),
+                        key_rates: key,
+                        tenant_rates: tenant,
                         secret_hash: k.secret_hash,
                     }),
                 )
@@ -111,67 +132,64 @@ impl KeySnapshot {
 
     /// Authenticates a request's headers for an endpoint of `format`.
     ///
-    /// The chat format takes `Authorization: Bearer`; the messages format also takes
-    /// `x-api-key`, and Claude Code may send both at once: every distinct secret presented must
-    /// name the same key, else the request is refused as ambiguous.
+    /// The chat format takes `Authorization: Bearer` only. The messages format also takes
+    /// `x-api-key`, and Claude Code sends both when both of its variables are set — e.g. a
+    /// vendor key in `ANTHROPIC_API_KEY` (as `x-api-key`) and the gateway key in
+    /// `ANTHROPIC_AUTH_TOKEN` (as `Bearer`): the request is accepted if either names an active
+    /// key, the bearer token first, and refused only if none does. Both candidates are always
+    /// looked up (digest lookup, constant-time comparison), so the timing does not say which
+    /// one matched. A header sent twice is refused.
     pub fn authenticate(
         &self,
         headers: &HeaderMap,
         format: ClientFormat,
     ) -> Result<Arc<Principal>, ApiError> {
         let deny = |m: &str| ApiError::new(ErrorKind::Authentication, m);
-        let mut secrets: Vec<&str> = Vec::with_capacity(2);
+        let mut bearer: Option<&str> = None;
+        let mut malformed_bearer = false;
         let mut auth = headers.get_all(http::header::AUTHORIZATION).iter();
         if let Some(v) = auth.next() {
             if auth.next().is_some() {
                 return Err(deny("send one Authorization header, not several"));
             }
-            let v = v
-                .to_str()
-                .map_err(|_| deny("the Authorization header is not valid text"))?;
-            let (scheme, token) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
-            if !scheme.eq_ignore_ascii_case("bearer") {
-                return Err(deny("the Authorization header must be `Bearer <API key>`"));
-            }
-            let token = token.trim();
-            if !token.is_empty() {
-                secrets.push(token);
+            match v.to_str() {
+                Ok(v) => {
+                    let (scheme, token) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
+                    let token = token.trim();
+                    if scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() {
+                        bearer = Some(token);
+                    } else {
+                        malformed_bearer = true;
+                    }
+                }
+                Err(_) => malformed_bearer = true,
             }
         }
+        let mut api_key: Option<&str> = None;
         if format == ClientFormat::Messages {
-            let mut api_key = headers.get_all("x-api-key").iter();
-            if let Some(v) = api_key.next() {
-                if api_key.next().is_some() {
+            let mut values = headers.get_all("x-api-key").iter();
+            if let Some(v) = values.next() {
+                if values.next().is_some() {
                     return Err(deny("send one x-api-key header, not several"));
                 }
-                let v = v
-                    .to_str()
-                    .map_err(|_| deny("the x-api-key header is not valid text"))?
-                    .trim();
-                if !v.is_empty() && !secrets.contains(&v) {
-                    secrets.push(v);
-                }
+                api_key = v.to_str().ok().map(str::trim).filter(|k| !k.is_empty());
             }
         }
-        if secrets.is_empty() {
-            return Err(deny(match format {
-                ClientFormat::Chat => "missing API key: send `Authorization: Bearer <API key>`",
-                ClientFormat::Messages => {
-                    "missing API key: send `x-api-key: <API key>` or `Authorization: Bearer <API key>`"
-                }
-            }));
+        let by_bearer = bearer.and_then(|s| self.lookup(s));
+        let by_api_key = api_key.and_then(|s| self.lookup(s));
+        if let Some(p) = by_bearer.or(by_api_key) {
+            return Ok(p);
         }
-        let mut found: Option<Arc<Principal>> = None;
-        for s in secrets {
-            match (self.lookup(s), &found) {
-                (None, _) => return Err(deny("invalid or revoked API key")),
-                (Some(p), Some(f)) if p.key_id != f.key_id => {
-                    return Err(deny("two different API keys were sent; send one"))
-                }
-                (Some(p), _) => found = Some(p),
+        Err(deny(match (bearer.is_some() || api_key.is_some(), format) {
+            (true, _) => "invalid or revoked API key",
+            (false, ClientFormat::Chat) if malformed_bearer => {
+                "the Authorization header must be `Bearer <API key>`"
             }
-        }
-        found.ok_or_else(|| deny("invalid or revoked API key"))
+            (false, ClientFormat::Chat) => "missing API key: send `Authorization: Bearer <API key>`",
+            (false, ClientFormat::Messages) => {
+                "missing API key: send `x-api-key: <API key>` or `Authorization: Bearer <API key>`"
+            }
+        }))
     }
 }
 
@@ -237,25 +255,61 @@ mod tests {
     }
 
     #[test]
-    fn both_headers_must_agree() {
+    fn either_header_may_carry_the_key() {
         let s = snapshot();
-        let same = headers(&[
+        let key = |h: &[(&str, &str)], f| s.authenticate(&headers(h), f).map(|p| p.key_id.clone());
+        let m = ClientFormat::Messages;
+        // Both the same key.
+        let same = [
             ("authorization", "Bearer sk-qp-good"),
             ("x-api-key", "sk-qp-good"),
-        ]);
-        assert!(s.authenticate(&same, ClientFormat::Messages).is_ok());
-        let diff = headers(&[
+        ];
+        assert_eq!(key(&same, m).unwrap(), "key_1");
+        // Claude Code with a vendor key in x-api-key and the gateway key as bearer.
+        let vendor_x = [
             ("authorization", "Bearer sk-qp-good"),
+            ("x-api-key", "sk-ant-api03-vendor"),
+        ];
+        assert_eq!(key(&vendor_x, m).unwrap(), "key_1");
+        // …and the other way round.
+        let vendor_bearer = [
+            ("authorization", "Bearer sk-ant-oat01-vendor"),
             ("x-api-key", "sk-qp-other"),
-        ]);
-        assert!(s.authenticate(&diff, ClientFormat::Messages).is_err());
-        let one_bad = headers(&[
+        ];
+        assert_eq!(key(&vendor_bearer, m).unwrap(), "key_2");
+        // Two valid, different keys: the bearer token wins.
+        let two = [
+            ("authorization", "Bearer sk-qp-other"),
+            ("x-api-key", "sk-qp-good"),
+        ];
+        assert_eq!(key(&two, m).unwrap(), "key_2");
+        // A non-bearer Authorization does not hide a valid x-api-key.
+        let basic = [("authorization", "Basic abc"), ("x-api-key", "sk-qp-good")];
+        assert_eq!(key(&basic, m).unwrap(), "key_1");
+        let empty_x = [("authorization", "Bearer sk-qp-good"), ("x-api-key", "")];
+        assert_eq!(key(&empty_x, m).unwrap(), "key_1");
+        // None valid.
+        let none = [("authorization", "Bearer sk-qp-bad"), ("x-api-key", "nope")];
+        let e = s.authenticate(&headers(&none), m).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Authentication);
+        // The chat format reads the bearer token only.
+        let chat_x = [
+            ("authorization", "Bearer sk-qp-bad"),
+            ("x-api-key", "sk-qp-good"),
+        ];
+        assert!(key(&chat_x, ClientFormat::Chat).is_err());
+        let chat_both = [
             ("authorization", "Bearer sk-qp-good"),
-            ("x-api-key", "nope"),
-        ]);
-        assert!(s.authenticate(&one_bad, ClientFormat::Messages).is_err());
-        let empty_x = headers(&[("authorization", "Bearer sk-qp-good"), ("x-api-key", "")]);
-        assert!(s.authenticate(&empty_x, ClientFormat::Messages).is_ok());
+            ("x-api-key", "sk-ant-vendor"),
+        ];
+        assert_eq!(key(&chat_both, ClientFormat::Chat).unwrap(), "key_1");
+        // A header sent twice is refused, whatever the other says.
+        let twice = [
+            ("x-api-key", "sk-qp-good"),
+            ("x-api-key", "sk-qp-good"),
+            ("authorization", "Bearer sk-qp-good"),
+        ];
+        assert!(key(&twice, m).is_err());
     }
 
     #[test]

@@ -1,21 +1,127 @@
 //! Requests-per-minute and tokens-per-minute limits, per key and per tenant.
 //!
-//! Built on `pingora-limits`' [`Rate`]: lock-free count-min sketches shared by every worker
-//! thread. Windows are fixed 60-second periods (a window starts when the previous one expired);
-//! at most `limit` requests are admitted per window, and a refused request is told, in
-//! `retry-after`, when the window ends. Token limits count the tokens of finished requests
-//! (usage is only known at the end): once a window's tokens reach the limit, further requests
-//! are refused until it ends.
+//! Counts are exact: each key and each tenant has its own [`RateCounters`], held by its
+//! [`Principal`] (the key snapshot carries them over when it is rebuilt), so there is no shared
+//! table to collide in — a sketch shared by thousands of keys over-counts and refuses keys under
+//! their limit. Each count is one atomic word holding the window's number and the count,
+//! updated by compare-and-swap: lock-free, exact across worker threads, and a request is only
+//! counted if it is admitted.
 //!
-//! The sketch may over-count when thousands of keys collide in one window (never under-count),
-//! so a limit can bite slightly early under extreme key cardinality, never late.
+//! Windows are fixed 60-second periods of the gateway's clock; at most `limit` requests are
+//! admitted per window, and a refused request is told, in `retry-after`, when the window ends.
+//! Token limits count the tokens of finished requests (usage is only known at the end): once a
+//! window's tokens reach the limit, further requests are refused until it ends.
 
 use crate::auth::Principal;
 use crate::config::Limits;
-use pingora_limits::rate::Rate;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 const WINDOW: Duration = Duration::from_secs(60);
+/// Bits of a packed count; the window number takes the other 24 (31 years of minutes).
+const COUNT_BITS: u32 = 40;
+const COUNT_MAX: u64 = (1 << COUNT_BITS) - 1;
+const WINDOW_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
+
+/// A count within one fixed window: `(window << 40) | count` in one atomic.
+#[derive(Default)]
+pub struct WindowCount(AtomicU64);
+
+fn unpack(v: u64) -> (u64, u64) {
+    (v >> COUNT_BITS, v & COUNT_MAX)
+}
+
+fn pack(window: u64, count: u64) -> u64 {
+    ((window & WINDOW_MASK) << COUNT_BITS) | count.min(COUNT_MAX)
+}
+
+impl WindowCount {
+    /// The window a stored value counts toward: `window`, unless another thread already moved
+    /// it to the next one (its clock read came a moment later).
+    fn current(stored: u64, window: u64) -> (u64, u64) {
+        let (w, c) = unpack(stored);
+        let window = window & WINDOW_MASK;
+        if w == window || w == (window + 1) & WINDOW_MASK {
+            (w, c)
+        } else {
+            (window, 0)
+        }
+    }
+
+    /// The count in `window`.
+    pub fn get(&self, window: u64) -> u64 {
+        Self::current(self.0.load(Ordering::Acquire), window).1
+    }
+
+    /// Adds `n` unless that would pass `limit`; returns the window it counted in, if it did.
+    pub fn try_add(&self, window: u64, n: u64, limit: u64) -> Option<u64> {
+        let mut stored = self.0.load(Ordering::Acquire);
+        loop {
+            let (w, c) = Self::current(stored, window);
+            let next = c.saturating_add(n);
+            if next > limit {
+                return None;
+            }
+            match self.0.compare_exchange_weak(
+                stored,
+                pack(w, next),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(w),
+                Err(now) => stored = now,
+            }
+        }
+    }
+
+    /// Adds `n`.
+    pub fn add(&self, window: u64, n: u64) {
+        let _ = self.try_add(window, n, u64::MAX);
+    }
+
+    /// Takes back `n` counted in window `counted_in` (an admission undone), unless that window
+    /// is over.
+    pub fn undo(&self, counted_in: u64, n: u64) {
+        let mut stored = self.0.load(Ordering::Acquire);
+        loop {
+            let (w, c) = unpack(stored);
+            if w != counted_in & WINDOW_MASK {
+                return;
+            }
+            match self.0.compare_exchange_weak(
+                stored,
+                pack(w, c.saturating_sub(n)),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => stored = now,
+            }
+        }
+    }
+}
+
+/// One key's or one tenant's windows.
+#[derive(Default)]
+pub struct RateCounters {
+    requests: WindowCount,
+    tokens: WindowCount,
+}
+
+/// State, not identity: takes no part in a principal's equality.
+impl PartialEq for RateCounters {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for RateCounters {}
+
+impl std::fmt::Debug for RateCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RateCounters")
+    }
+}
 
 /// Which limit refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,30 +136,24 @@ pub struct Limited {
 
 pub struct RateLimiter {
     defaults: Limits,
-    key_requests: Rate,
-    key_tokens: Rate,
-    tenant_requests: Rate,
-    tenant_tokens: Rate,
-}
-
-fn seconds_left(rate: &Rate, key: &impl std::hash::Hash) -> u64 {
-    let frac = rate.rate_with(key, |c| c.current_interval_fraction);
-    ((1.0 - frac) * WINDOW.as_secs_f64()).ceil().max(1.0) as u64
-}
-
-fn key_hash(p: &Principal) -> (u8, &str) {
-    (0, p.key_id.as_str())
+    epoch: Instant,
 }
 
 impl RateLimiter {
     pub fn new(defaults: Limits) -> RateLimiter {
         RateLimiter {
             defaults,
-            key_requests: Rate::new(WINDOW),
-            key_tokens: Rate::new(WINDOW),
-            tenant_requests: Rate::new(WINDOW),
-            tenant_tokens: Rate::new(WINDOW),
+            epoch: Instant::now(),
         }
+    }
+
+    /// The current window's number and the seconds left in it (at least 1).
+    fn window(&self) -> (u64, u64) {
+        let elapsed = self.epoch.elapsed();
+        let window = elapsed.as_secs() / WINDOW.as_secs();
+        let end = Duration::from_secs((window + 1) * WINDOW.as_secs());
+        let left = end.saturating_sub(elapsed).as_secs_f64().ceil().max(1.0) as u64;
+        (window, left)
     }
 
     fn key_limits(&self, p: &Principal) -> (u64, u64) {
@@ -67,56 +167,199 @@ impl RateLimiter {
         )
     }
 
-    /// Counts a request against its key and tenant; refuses it if a limit is reached.
+    /// Counts a request against its key and tenant; refuses it if a limit is reached (a refused
+    /// request is not counted).
     pub fn admit(&self, p: &Principal) -> Result<(), Limited> {
         let (key_rpm, key_tpm) = self.key_limits(p);
         let tenant_rpm = self.defaults.tenant_requests_per_minute;
         let tenant_tpm = self.defaults.tenant_tokens_per_minute;
-        let key = key_hash(p);
-        let tenant = (1u8, p.tenant_id);
+        let (window, retry_after) = self.window();
+        let refuse = |scope, limit| {
+            Err(Limited {
+                scope,
+                limit,
+                retry_after,
+            })
+        };
         // Token windows first: they do not count this request.
-        if key_tpm > 0 && self.key_tokens.rate_with(&key, |c| c.curr_samples) as u64 >= key_tpm {
-            return Err(Limited {
-                scope: "key",
-                limit: "tokens",
-                retry_after: seconds_left(&self.key_tokens, &key),
-            });
+        if key_tpm > 0 && p.key_rates.tokens.get(window) >= key_tpm {
+            return refuse("key", "tokens");
         }
-        if tenant_tpm > 0
-            && self.tenant_tokens.rate_with(&tenant, |c| c.curr_samples) as u64 >= tenant_tpm
+        if tenant_tpm > 0 && p.tenant_rates.tokens.get(window) >= tenant_tpm {
+            return refuse("tenant", "tokens");
+        }
+        let key_counted = if key_rpm > 0 {
+            match p.key_rates.requests.try_add(window, 1, key_rpm) {
+                Some(w) => Some(w),
+                None => return refuse("key", "requests"),
+            }
+        } else {
+            None
+        };
+        if tenant_rpm > 0
+            && p.tenant_rates
+                .requests
+                .try_add(window, 1, tenant_rpm)
+                .is_none()
         {
-            return Err(Limited {
-                scope: "tenant",
-                limit: "tokens",
-                retry_after: seconds_left(&self.tenant_tokens, &tenant),
-            });
-        }
-        if key_rpm > 0 && self.key_requests.observe(&key, 1) as u64 > key_rpm {
-            return Err(Limited {
-                scope: "key",
-                limit: "requests",
-                retry_after: seconds_left(&self.key_requests, &key),
-            });
-        }
-        if tenant_rpm > 0 && self.tenant_requests.observe(&tenant, 1) as u64 > tenant_rpm {
-            return Err(Limited {
-                scope: "tenant",
-                limit: "requests",
-                retry_after: seconds_left(&self.tenant_requests, &tenant),
-            });
+            if let Some(w) = key_counted {
+                p.key_rates.requests.undo(w, 1);
+            }
+            return refuse("tenant", "requests");
         }
         Ok(())
     }
 
     /// Adds a finished request's tokens to its key's and tenant's windows.
     pub fn consumed(&self, p: &Principal, tokens: u64) {
-        let tokens = tokens.min(isize::MAX as u64) as isize;
+        let (window, _) = self.window();
         let (_, key_tpm) = self.key_limits(p);
         if key_tpm > 0 {
-            self.key_tokens.observe(&key_hash(p), tokens);
+            p.key_rates.tokens.add(window, tokens);
         }
         if self.defaults.tenant_tokens_per_minute > 0 {
-            self.tenant_tokens.observe(&(1u8, p.tenant_id), tokens);
+            p.tenant_rates.tokens.add(window, tokens);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::KeySnapshot;
+    use crate::keys::hash_secret;
+    use crate::store::{ActiveKey, KeyLimits};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_window_count_is_exact_and_resets_with_the_window() {
+        let c = WindowCount::default();
+        assert_eq!(c.try_add(7, 1, 2), Some(7));
+        assert_eq!(c.try_add(7, 1, 2), Some(7));
+        assert_eq!(c.try_add(7, 1, 2), None, "the third passes the limit");
+        assert_eq!(c.get(7), 2);
+        assert_eq!(c.get(8), 0, "a new window starts at zero");
+        assert_eq!(c.try_add(8, 1, 2), Some(8));
+        // A caller whose clock read a moment before the rollover counts in the new window.
+        assert_eq!(c.try_add(7, 1, 2), Some(8));
+        assert_eq!(c.get(8), 2);
+        c.undo(8, 1);
+        assert_eq!(c.get(8), 1);
+        c.undo(7, 1);
+        assert_eq!(c.get(8), 1, "an undo for a finished window does nothing");
+        c.add(8, 1 << 50);
+        assert_eq!(
+            c.get(8),
+            COUNT_MAX,
+            "saturates instead of spilling into the window"
+        );
+    }
+
+    #[test]
+    fn exact_across_threads() {
+        let c = Arc::new(WindowCount::default());
+        let admitted: usize = (0..8)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    (0..10_000)
+                        .filter(|_| c.try_add(3, 1, 50_000).is_some())
+                        .count()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .sum();
+        assert_eq!(admitted, 50_000);
+        assert_eq!(c.get(3), 50_000);
+    }
+
+    fn keys(n: usize, rpm: u64) -> KeySnapshot {
+        let s = KeySnapshot::default();
+        s.install(
+            1,
+            (0..n)
+                .map(|i| ActiveKey {
+                    secret_hash: hash_secret(&format!("sk-qp-{i}")),
+                    key_id: format!("key_{i}"),
+                    tenant_id: i as i64,
+                    tenant_name: format!("t{i}"),
+                    limits: KeyLimits {
+                        requests_per_minute: Some(rpm),
+                        tokens_per_minute: None,
+                    },
+                })
+                .collect(),
+        );
+        s
+    }
+
+    #[test]
+    fn thousands_of_keys_get_exactly_their_limit() {
+        // Every key at its limit: a shared sketch would refuse some of them early.
+        let s = keys(20_000, 3);
+        let rl = RateLimiter::new(Limits::default());
+        for i in 0..20_000 {
+            let p = s.lookup(&format!("sk-qp-{i}")).unwrap();
+            for _ in 0..3 {
+                assert_eq!(rl.admit(&p), Ok(()), "key {i} refused under its limit");
+            }
+        }
+        for i in (0..20_000).step_by(997) {
+            let p = s.lookup(&format!("sk-qp-{i}")).unwrap();
+            let e = rl.admit(&p).unwrap_err();
+            assert_eq!((e.scope, e.limit), ("key", "requests"));
+            assert!((1..=60).contains(&e.retry_after));
+        }
+    }
+
+    #[test]
+    fn tenant_and_token_limits() {
+        let s = keys(2, 0);
+        let rl = RateLimiter::new(Limits {
+            tenant_requests_per_minute: 2,
+            tenant_tokens_per_minute: 100,
+            key_tokens_per_minute: 50,
+            ..Limits::default()
+        });
+        let p = s.lookup("sk-qp-0").unwrap();
+        let q = s.lookup("sk-qp-1").unwrap();
+        assert!(rl.admit(&p).is_ok() && rl.admit(&p).is_ok());
+        let e = rl.admit(&p).unwrap_err();
+        assert_eq!((e.scope, e.limit), ("tenant", "requests"));
+        assert!(rl.admit(&q).is_ok(), "another tenant is unaffected");
+        rl.consumed(&q, 50);
+        let e = rl.admit(&q).unwrap_err();
+        assert_eq!((e.scope, e.limit), ("key", "tokens"));
+    }
+
+    #[test]
+    fn counts_survive_a_snapshot_rebuild() {
+        let s = keys(1, 2);
+        let rl = RateLimiter::new(Limits::default());
+        let p = s.lookup("sk-qp-0").unwrap();
+        assert!(rl.admit(&p).is_ok() && rl.admit(&p).is_ok());
+        // Another key is created somewhere: the snapshot is rebuilt.
+        let mut more: Vec<ActiveKey> = vec![ActiveKey {
+            secret_hash: hash_secret("sk-qp-0"),
+            key_id: "key_0".into(),
+            tenant_id: 0,
+            tenant_name: "t0".into(),
+            limits: KeyLimits {
+                requests_per_minute: Some(2),
+                tokens_per_minute: None,
+            },
+        }];
+        more.push(ActiveKey {
+            secret_hash: hash_secret("sk-qp-new"),
+            key_id: "key_new".into(),
+            tenant_id: 9,
+            tenant_name: "t9".into(),
+            limits: KeyLimits::default(),
+        });
+        s.install(2, more);
+        let p = s.lookup("sk-qp-0").unwrap();
+        assert!(rl.admit(&p).is_err(), "the window's count was kept");
     }
 }

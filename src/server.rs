@@ -6,15 +6,19 @@
 //! can still be flushed after pingora has stopped its services.
 //!
 //! Shutdown: on SIGTERM (and at the end of a graceful upgrade, SIGQUIT) pingora stops
-//! accepting; Quipu waits for its in-flight API requests to finish (at most the configured grace
-//! period), writes every queued ledger row, returns its balance leases and exits — without
-//! sleeping out the rest of the grace period.
+//! accepting; connections waiting for a request are closed and started requests — every route,
+//! even one whose head is still arriving — are served with `Connection: close` (see
+//! [`crate::proxy::conn`]). Once no connection has been open for a short quiet period (at most
+//! the configured grace period), every request has settled and queued its ledger row: Quipu then
+//! stops the ledger writer, which writes what is queued, returns its balance leases and exits —
+//! without sleeping out the rest of the grace period.
 
 use crate::auth::KeySnapshot;
 use crate::billing::{ledger, Accounts};
 use crate::catalog::Catalog;
 use crate::config::{redact_url, Config};
 use crate::metrics::m;
+use crate::proxy::conn::{ConnLimits, Frontend, Lifecycle};
 use crate::proxy::meters::Meters;
 use crate::proxy::Gateway;
 use crate::ratelimit::RateLimiter;
@@ -41,6 +45,9 @@ pub struct ServeFlags {
     pub daemon: bool,
 }
 
+/// The drain ends once no client connection has been open for this long.
+const DRAIN_QUIET: Duration = Duration::from_millis(250);
+
 /// How long a lease may go without a heartbeat before another replica reclaims it.
 const LEASE_STALE_MS: i64 = 30_000;
 const LEASE_HEARTBEAT: Duration = Duration::from_secs(5);
@@ -65,13 +72,20 @@ fn replica_id(config: &Config) -> String {
     format!("{prefix}~{:016x}", rand::random::<u64>())
 }
 
-struct MetricsApp;
+struct MetricsApp {
+    accounts: Arc<Accounts>,
+}
 
 #[async_trait::async_trait]
 impl ServeHttp for MetricsApp {
     async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
         let path = session.req_header().uri.path();
         let (status, ctype, body) = if path == "/metrics" || path == "/" {
+            // Reservations as the accounts hold them, read at every scrape.
+            let totals = self.accounts.totals();
+            m().reservations_open
+                .set(i64::try_from(totals.open).unwrap_or(i64::MAX));
+            m().reserved_pen.set(totals.reserved.picos() as f64 / 1e12);
             (
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -181,6 +195,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         pools.push(pool);
     }
     let in_flight = Arc::new(AtomicUsize::new(0));
+    let life = Arc::new(Lifecycle::default());
     let catalog = Catalog::new(&config).map_err(|e| format!("cannot render the catalog: {e}"))?;
     let mut connector_opts = ConnectorOptions::from_server_conf(&server.configuration);
     connector_opts.keepalive_pool_size = 1024;
@@ -194,10 +209,19 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         ledger: ledger_handle,
         limits: RateLimiter::new(config.limits),
         in_flight: in_flight.clone(),
+        life: life.clone(),
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
     };
-    let mut proxy =
-        pingora::proxy::http_proxy_service_with_name(&server.configuration, gateway, "quipu api");
+    let frontend = Frontend::new(
+        pingora::proxy::http_proxy(&server.configuration, gateway),
+        life.clone(),
+        ConnLimits {
+            max_connections: config.server.max_connections,
+            header_timeout: config.server.header_timeout,
+            keepalive_s: config.server.keepalive_timeout_s,
+        },
+    );
+    let mut proxy = Service::new("quipu api".into(), frontend);
     // No L4 read buffer on plain TCP: pingora reads headers into its own 4 KiB buffer and bodies
     // into the body reader's, so the default 64 KiB `BufReader` per connection only copied bytes
     // twice and cost 64 KiB of heap for every open stream.
@@ -207,7 +231,12 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     );
     server.add_service(proxy);
 
-    let mut metrics = Service::new("quipu metrics".into(), HttpServer::new_app(MetricsApp));
+    let mut metrics = Service::new(
+        "quipu metrics".into(),
+        HttpServer::new_app(MetricsApp {
+            accounts: accounts.clone(),
+        }),
+    );
     metrics.add_tcp(&config.server.metrics_listen.to_string());
     metrics.threads = Some(1);
     server.add_service(metrics);
@@ -249,12 +278,24 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         .name("quipu-drain".into())
         .spawn(move || loop {
             match phases.blocking_recv() {
+                Ok(ExecutionPhase::GracefulTerminate | ExecutionPhase::ShutdownStarted) => {
+                    life.start_draining();
+                }
                 Ok(ExecutionPhase::ShutdownGracePeriod) => {
+                    life.start_draining();
                     let started = Instant::now();
-                    while in_flight.load(Ordering::SeqCst) > 0 && started.elapsed() < grace {
-                        std::thread::sleep(Duration::from_millis(20));
+                    let drained = wait_for_drain(&life, &in_flight, grace);
+                    if drained {
+                        log::info!("drained in {:?}; flushing the ledger", started.elapsed());
+                    } else {
+                        log::warn!(
+                            "grace period over with {} connections and {} requests still open; flushing the ledger",
+                            life.connections(),
+                            life.requests()
+                        );
                     }
-                    log::info!("drained in {:?}; flushing the ledger", started.elapsed());
+                    // Every finished request queued its row in `logging`, before its connection
+                    // closed: the writer's last pass writes them all.
                     drain_finish.finish();
                     std::process::exit(0);
                 }
@@ -268,6 +309,29 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     server.run(RunArgs::default());
     finish.finish();
     Ok(())
+}
+
+/// Waits until no client connection (and so no request of any route) has been open for
+/// [`DRAIN_QUIET`], or the grace period is over; returns whether it drained.
+fn wait_for_drain(life: &Lifecycle, in_flight: &AtomicUsize, grace: Duration) -> bool {
+    let started = Instant::now();
+    let mut quiet_since: Option<Instant> = None;
+    loop {
+        let idle = life.connections() == 0
+            && life.requests() == 0
+            && in_flight.load(Ordering::SeqCst) == 0;
+        if idle {
+            if quiet_since.get_or_insert_with(Instant::now).elapsed() >= DRAIN_QUIET {
+                return true;
+            }
+        } else {
+            quiet_since = None;
+        }
+        if started.elapsed() >= grace {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Writes what is left of the ledger and returns this replica's leases. Idempotent.

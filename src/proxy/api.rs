@@ -16,9 +16,11 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 use std::time::Duration;
 
-/// Bodies larger than the limit by more than this factor are not drained (the connection is
-/// closed instead), so a hostile client cannot keep the gateway reading forever.
+/// A refused request's body is read and discarded (so the connection can be reused) up to this
+/// many times the body limit, within [`DRAIN_TIMEOUT`]; a longer or slower one — declared or
+/// chunked — closes the connection instead, so no client can keep the gateway reading.
 const DRAIN_FACTOR: usize = 4;
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn handle(
     gw: &Gateway,
@@ -28,9 +30,16 @@ pub async fn handle(
     let downstream = session.as_downstream_mut();
     downstream.set_read_timeout(Some(gw.config.server.client_read_timeout));
     downstream.set_write_timeout(Some(gw.config.server.client_write_timeout));
+    // Pingora drains an unread body before reusing a connection; bound that too.
+    downstream.set_total_drain_timeout(Some(DRAIN_TIMEOUT));
     // HTTP/1.1 keeps idle connections forever by default; bound them (a client's
-    // `Connection: close` still wins).
-    downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
+    // `Connection: close` still wins). A draining server closes each connection after its
+    // request.
+    if gw.life.draining() {
+        downstream.set_keepalive(None);
+    } else {
+        downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
+    }
     match ctx.route {
         Route::Models => respond::json(session, ctx, 200, gw.catalog.models.clone(), None).await,
         Route::Pricing => respond::json(session, ctx, 200, gw.catalog.pricing.clone(), None).await,
@@ -100,27 +109,43 @@ async fn fail(session: &mut Session, ctx: &mut RequestCtx, err: &ApiError) -> pi
     respond::error(session, ctx, ctx.format, err).await
 }
 
-/// Answers with an error without having read the body: drains it first (bounded) so the
-/// connection can be reused.
+/// Answers with an error without having read (all of) the body: drains the rest first,
+/// bounded (see [`DRAIN_FACTOR`]), so the connection can be reused; closes it otherwise.
 async fn drain_then_error(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
     err: &ApiError,
 ) -> pingora::Result<()> {
-    let declared = content_length(session);
     let cap = gw.config.server.max_body_bytes.saturating_mul(DRAIN_FACTOR);
-    let skip_drain = declared.is_some_and(|n| n > cap) || expects_continue(session);
-    if skip_drain
-        || session
-            .as_downstream_mut()
-            .drain_request_body()
-            .await
-            .is_err()
-    {
+    let skip_drain = content_length(session).is_some_and(|n| n > cap) || expects_continue(session);
+    if skip_drain || !drain_body(session, cap).await {
         session.as_downstream_mut().set_keepalive(None);
     }
     fail(session, ctx, err).await
+}
+
+/// Reads and discards the rest of the request body: true if it ended within `cap` bytes and
+/// [`DRAIN_TIMEOUT`]. Counts bytes itself, since a chunked body declares no length.
+async fn drain_body(session: &mut Session, cap: usize) -> bool {
+    let drain = async {
+        let mut seen = 0usize;
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    seen = seen.saturating_add(chunk.len());
+                    if seen > cap {
+                        return false;
+                    }
+                }
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+    };
+    tokio::time::timeout(DRAIN_TIMEOUT, drain)
+        .await
+        .unwrap_or(false)
 }
 
 fn content_length(session: &Session) -> Option<usize> {
@@ -402,11 +427,13 @@ async fn count_tokens(
         );
         return fail(session, ctx, &e).await;
     }
-    match relay::tokenize(gw, ctx, model, &tokenize_body).await {
-        Ok(upstream) => match messages::tokenize_to_count_tokens(&upstream) {
+    match relay::tokenize(gw, session, ctx, model, &tokenize_body).await {
+        Ok(Some(upstream)) => match messages::tokenize_to_count_tokens(&upstream) {
             Ok(out) => respond::json(session, ctx, 200, Bytes::from(out), None).await,
             Err(e) => fail(session, ctx, &e).await,
         },
+        // The client went away: nobody to answer.
+        Ok(None) => Ok(()),
         Err(e) => fail(session, ctx, &e).await,
     }
 }

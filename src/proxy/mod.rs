@@ -13,6 +13,7 @@
 //! [`RequestCtx`] carries what one phase learns to the next; each field says who sets it.
 
 pub mod api;
+pub mod conn;
 pub mod meters;
 pub mod relay;
 pub mod respond;
@@ -30,10 +31,12 @@ use crate::store::{now_ms, LedgerRow};
 use crate::upstream::ModelPool;
 use crate::usage::Usage;
 use async_trait::async_trait;
+use conn::Lifecycle;
 use meters::Meters;
 use pingora::connectors::http::v1::Connector;
 use pingora::proxy::{ProxyHttp, Session};
 use pingora::upstreams::peer::HttpPeer;
+use prometheus::IntGauge;
 use route::Route;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -49,9 +52,43 @@ pub struct Gateway {
     pub accounts: Arc<Accounts>,
     pub ledger: LedgerHandle,
     pub limits: RateLimiter,
-    /// API requests between `request_filter` and `logging` (for draining on shutdown).
+    /// API requests between `request_filter` and `logging` (for `server.max_in_flight`).
     pub in_flight: Arc<AtomicUsize>,
+    /// Connections and requests of every route, and whether the server is draining.
+    pub life: Arc<Lifecycle>,
     pub meters: Meters,
+}
+
+/// Counts an API request as in flight while it lives: in `in_flight` and in its route's
+/// `quipu_requests_in_flight` gauge. Held by the request's context, so a request whose task
+/// panics or is cancelled (and never reaches `logging`) gives its slot back all the same.
+pub struct InFlight {
+    count: Arc<AtomicUsize>,
+    gauge: IntGauge,
+}
+
+impl InFlight {
+    fn new(count: &Arc<AtomicUsize>, gauge: &IntGauge) -> InFlight {
+        count.fetch_add(1, Ordering::SeqCst);
+        gauge.inc();
+        InFlight {
+            count: count.clone(),
+            gauge: gauge.clone(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InFlight")
+    }
 }
 
 /// Per-request state.
@@ -93,7 +130,9 @@ pub struct RequestCtx {
     /// `api`, with the reservation: settles the request from `Drop` if `logging` never runs
     /// (a panicking task), so metered usage is still billed. `settle` disarms it.
     settlement_fallback: Option<SettlementFallback>,
-    counted_in_flight: bool,
+    /// `request_filter` (API routes): this request's in-flight slot, released when `logging`
+    /// ends or, if it never runs, when the context is dropped.
+    in_flight: Option<InFlight>,
 }
 
 /// What settling a request needs beyond its context (see `RequestCtx::settlement_fallback`).
@@ -245,7 +284,7 @@ impl Default for RequestCtx {
             upstream_time: Duration::ZERO,
             prompt_estimate: 0,
             settlement_fallback: None,
-            counted_in_flight: false,
+            in_flight: None,
         }
     }
 }
@@ -268,6 +307,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
+        conn::head_read();
         let header = session.req_header();
         ctx.route = route::route(&header.method, header.uri.path());
         ctx.format = match ctx.route {
@@ -275,9 +315,10 @@ impl ProxyHttp for Gateway {
             _ => route::format_for_path(header.uri.path()),
         };
         if ctx.route.is_api() {
-            self.in_flight.fetch_add(1, Ordering::SeqCst);
-            ctx.counted_in_flight = true;
-            self.meters.in_flight(ctx.route).inc();
+            ctx.in_flight = Some(InFlight::new(
+                &self.in_flight,
+                self.meters.in_flight(ctx.route),
+            ));
         }
         api::handle(self, session, ctx).await?;
         Ok(true)
@@ -311,15 +352,9 @@ impl ProxyHttp for Gateway {
         _e: Option<&pingora::Error>,
         ctx: &mut RequestCtx,
     ) {
-        if ctx.counted_in_flight {
-            ctx.counted_in_flight = false;
-            self.meters.in_flight(ctx.route).dec();
-        }
         self.settle(ctx);
         self.observe(ctx);
-        if ctx.route.is_api() {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        }
+        drop(ctx.in_flight.take());
     }
 }
 

@@ -8,13 +8,27 @@
 //! 4. **Streams** are translated incrementally: each upstream read is decoded and translated
 //!    and the result written at once. The `200` is committed with the first output, so a
 //!    stream that fails before producing anything still gets a real HTTP error. While the
-//!    upstream is silent, messages streams get `ping`s; an upstream silent past its idle
-//!    timeout, or one that resets or sends garbage, ends the stream with an error frame in the
-//!    client's format. A client that goes away cancels the upstream request at once (its
-//!    connection is closed, which makes vLLM abort the generation); the tokens generated so
-//!    far are billed.
+//!    upstream is silent, messages streams get `ping`s (see *Pings* below); an upstream silent
+//!    past its idle timeout, or one that resets or sends garbage, ends the stream with an error
+//!    frame in the client's format. A client that goes away cancels the upstream request at
+//!    once (its connection is closed, which makes vLLM abort the generation); the tokens
+//!    generated so far are billed.
+//!
+//! **Timeouts: one deadline per phase.** A non-streaming request has `request_ms` for the whole
+//! exchange (response header and body together); a stream has `first_byte_ms` from the request
+//! being sent to the first body byte (the response header comes within the same deadline), then
+//! `idle_ms` between chunks. A `count_tokens` call has `first_byte_ms` for its whole exchange.
+//! Retries on another replica share the deadline of the request they retry.
+//!
+//! **Pings.** No ping goes out before the upstream's response header has arrived with a `200`:
+//! until then the client may still get a real HTTP status (a `429`, a `5xx`, a `504` when the
+//! header does not come in `first_byte_ms`), which a ping would turn into an error frame under a
+//! committed `200`. Once the upstream has answered `200` it has committed to a stream, and
+//! pings keep the client's connection alive through a long prefill (coding agents give up on a
+//! silent connection); an upstream that fails after that ends the stream with an error frame.
 
 use super::api::ERROR_BODY_TIMEOUT;
+use super::conn::deadline;
 use super::respond;
 use super::{Gateway, RequestCtx};
 use crate::config::ModelId;
@@ -32,7 +46,7 @@ use crate::upstream::client::{self, Call, Read, SendError, UpstreamResponse};
 use crate::upstream::{block_hashes, ReplicaGuard};
 use bytes::Bytes;
 use pingora::proxy::Session;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::time::sleep_until;
 
 /// Largest non-streaming upstream body accepted.
@@ -73,7 +87,7 @@ async fn send<'g>(
     ctx: &mut RequestCtx,
     req: &UpstreamRequest,
     prompt_blocks: &[u64],
-    header_timeout: Duration,
+    header_deadline: tokio::time::Instant,
 ) -> pingora::Result<Sent<'g>> {
     let model = &gw.config.models[req.model];
     let pool = &gw.pools[req.model];
@@ -106,7 +120,7 @@ async fn send<'g>(
             body: &req.body,
             request_id: &ctx.request_id,
             api_key: model.upstream_api_key.as_deref(),
-            header_timeout,
+            header_deadline,
         };
         let started = Instant::now();
         let result = tokio::select! {
@@ -177,12 +191,15 @@ pub async fn completion(
     } else {
         Vec::new()
     };
-    let header_timeout = if req.stream {
-        model.timeouts.first_byte
+    // One deadline for the phase that ends with the first body byte (stream) or with the whole
+    // body (non-stream); see the module docs.
+    let sent_at = tokio::time::Instant::now();
+    let phase_deadline = if req.stream {
+        deadline(sent_at, model.timeouts.first_byte)
     } else {
-        model.timeouts.request
+        deadline(sent_at, model.timeouts.request)
     };
-    let sent = send(gw, session, ctx, &req, &blocks, header_timeout).await?;
+    let sent = send(gw, session, ctx, &req, &blocks, phase_deadline).await?;
     let Sent::Response(mut resp, guard) = sent else {
         return Ok(());
     };
@@ -222,11 +239,20 @@ pub async fn completion(
             )),
             ClientFormat::Messages => Box::new(MessagesStream::new(rctx)),
         };
-        stream(gw, session, ctx, *resp, translator, model_id).await
+        stream(
+            gw,
+            session,
+            ctx,
+            *resp,
+            translator,
+            model_id,
+            phase_deadline,
+        )
+        .await
     } else {
         let started = Instant::now();
         let read = tokio::select! {
-            r = resp.read_all(MAX_UPSTREAM_BODY, model.timeouts.request) => Some(r),
+            r = resp.read_all_by(MAX_UPSTREAM_BODY, phase_deadline) => Some(r),
             _ = client_gone(session) => None,
         };
         ctx.upstream_time += started.elapsed();
@@ -282,6 +308,7 @@ async fn stream(
     mut resp: UpstreamResponse,
     mut translator: Box<dyn StreamTranslator>,
     model_id: ModelId,
+    first_byte_deadline: tokio::time::Instant,
 ) -> pingora::Result<()> {
     let model = &gw.config.models[model_id];
     let mut decoder = SseDecoder::default();
@@ -289,22 +316,24 @@ async fn stream(
     // small because every open stream holds one.
     let mut out: Vec<u8> = Vec::with_capacity(1024);
     let mut committed = false;
+    // Here the upstream's header has arrived with a 200: pings may start (module docs, *Pings*).
     let pings = ctx.format == ClientFormat::Messages;
     let ping_every = gw.config.streaming.ping_interval;
     let mut last_upstream = tokio::time::Instant::now();
-    let mut next_ping = last_upstream + ping_every;
+    let mut next_ping = deadline(last_upstream, ping_every);
     let mut saw_data = false;
     let mut client_left = false;
     let stream_started = Instant::now();
     m().streams_open.inc();
 
     loop {
-        let silence_limit = if saw_data {
-            model.timeouts.idle
+        // Before the first byte, the deadline set when the request was sent (not a second
+        // `first_byte_ms` from the header); after it, `idle_ms` from the last chunk.
+        let idle_deadline = if saw_data {
+            deadline(last_upstream, model.timeouts.idle)
         } else {
-            model.timeouts.first_byte
+            first_byte_deadline
         };
-        let idle_deadline = last_upstream + silence_limit;
         let mut upstream_done = false;
         tokio::select! {
             r = resp.read() => {
@@ -315,7 +344,7 @@ async fn stream(
                             ctx.ttft = Some(ctx.started.elapsed());
                         }
                         last_upstream = tokio::time::Instant::now();
-                        next_ping = last_upstream + ping_every;
+                        next_ping = deadline(last_upstream, ping_every);
                         feed_stream(&mut decoder, translator.as_mut(), bytes, &mut out);
                     }
                     Ok(Read::End) => {
@@ -341,7 +370,7 @@ async fn stream(
                 );
             }
             _ = sleep_until(next_ping), if pings => {
-                next_ping = tokio::time::Instant::now() + ping_every;
+                next_ping = deadline(tokio::time::Instant::now(), ping_every);
                 translator.on_idle(&mut out);
             }
             _ = client_gone(session) => {
@@ -423,15 +452,51 @@ async fn stream(
     Ok(())
 }
 
-/// Asks a replica's tokenizer (`/tokenize`) to count a prompt; returns the upstream body.
+/// Asks a replica's tokenizer (`/tokenize`) to count a prompt; returns the upstream body, or
+/// `None` when the client went away first (the upstream call is then dropped). The whole
+/// exchange, failovers included, has `first_byte_ms`.
 pub async fn tokenize(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    model_id: ModelId,
+    body: &[u8],
+) -> Result<Option<Vec<u8>>, ApiError> {
+    let model = &gw.config.models[model_id];
+    let by = deadline(tokio::time::Instant::now(), model.timeouts.first_byte);
+    let started = Instant::now();
+    let result = tokio::select! {
+        r = tokenize_exchange(gw, ctx, model_id, body, by) => Some(r),
+        _ = client_gone(session) => None,
+    };
+    ctx.upstream_time += started.elapsed();
+    match result {
+        Some(r) => r.map(Some),
+        None => {
+            ctx.outcome = "client_disconnected";
+            m().client_disconnects
+                .with_label_values(&[ctx.route.as_str()])
+                .inc();
+            Ok(None)
+        }
+    }
+}
+
+async fn tokenize_exchange(
     gw: &Gateway,
     ctx: &mut RequestCtx,
     model_id: ModelId,
     body: &[u8],
+    by: tokio::time::Instant,
 ) -> Result<Vec<u8>, ApiError> {
     let model = &gw.config.models[model_id];
     let pool = &gw.pools[model_id];
+    let timed_out = || {
+        ApiError::new(
+            ErrorKind::UpstreamTimeout,
+            "the tokenizer did not answer in time",
+        )
+    };
     let mut tried = Vec::new();
     loop {
         let guard = pool.pick(&[], &tried).ok_or_else(|| {
@@ -449,19 +514,11 @@ pub async fn tokenize(
             body,
             request_id: &ctx.request_id,
             api_key: model.upstream_api_key.as_deref(),
-            header_timeout: Duration::from_secs(30),
+            header_deadline: by,
         };
-        let started = Instant::now();
-        let sent = client::send(&gw.connector, &call).await;
-        ctx.upstream_time += started.elapsed();
-        let mut resp = match sent {
+        let mut resp = match client::send(&gw.connector, &call).await {
             Ok(r) => r,
-            Err(SendError::Timeout) => {
-                return Err(ApiError::new(
-                    ErrorKind::UpstreamTimeout,
-                    "the tokenizer did not answer in time",
-                ))
-            }
+            Err(SendError::Timeout) => return Err(timed_out()),
             Err(e) => {
                 guard.failed(e.kind());
                 tried.push(guard.index);
@@ -469,11 +526,13 @@ pub async fn tokenize(
             }
         };
         let status = resp.status;
-        let body = resp
-            .read_all(MAX_ERROR_BODY * 4, Duration::from_secs(30))
-            .await
-            .map_err(|d| malformed_stream(&d))?;
+        let read = resp.read_all_by(MAX_ERROR_BODY * 4, by).await;
         resp.finish(&gw.connector).await;
+        let body = match read {
+            Ok(b) => b,
+            Err(d) if d.contains("timed out") => return Err(timed_out()),
+            Err(d) => return Err(malformed_stream(&d)),
+        };
         return match status {
             200 => {
                 guard.succeeded();

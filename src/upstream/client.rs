@@ -16,6 +16,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::v1::client::HttpSession;
 use pingora::upstreams::peer::HttpPeer;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How long an idle upstream connection stays in the pool.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -28,7 +29,7 @@ pub enum SendError {
     /// The connection broke while sending or before any response byte: safe to retry
     /// elsewhere (no byte reached the client, and the upstream cannot have answered).
     Broken(String),
-    /// No response header within the first-byte / request timeout.
+    /// No response header by the call's deadline.
     Timeout,
 }
 
@@ -82,8 +83,9 @@ pub struct Call<'a> {
     pub request_id: &'a str,
     /// Sent as `Authorization: Bearer` (vLLM `--api-key`).
     pub api_key: Option<&'a str>,
-    /// Longest wait for the response header.
-    pub header_timeout: Duration,
+    /// When the response header must have arrived (a deadline, not a duration, so that one
+    /// timeout covers the header and the body that follows it).
+    pub header_deadline: Instant,
 }
 
 /// Sends the call and waits for the response header.
@@ -98,7 +100,7 @@ pub async fn send(connector: &Connector, call: &Call<'_>) -> Result<UpstreamResp
         body,
         request_id,
         api_key,
-        header_timeout,
+        header_deadline,
     } = *call;
     let peer = peer_for(replica, timeouts);
     let mut fresh_only = false;
@@ -129,7 +131,8 @@ pub async fn send(connector: &Connector, call: &Call<'_>) -> Result<UpstreamResp
         .await;
         let result = match sent {
             Err(e) => Err(SendError::Broken(e.to_string())),
-            Ok(()) => match tokio::time::timeout(header_timeout, session.read_response()).await {
+            Ok(()) => match tokio::time::timeout_at(header_deadline, session.read_response()).await
+            {
                 Err(_) => Err(SendError::Timeout),
                 Ok(Err(e)) => Err(SendError::Broken(e.to_string())),
                 Ok(Ok(_)) => Ok(()),
@@ -204,6 +207,12 @@ impl UpstreamResponse {
 
     /// Reads the whole body, up to `limit` bytes, within `timeout`.
     pub async fn read_all(&mut self, limit: usize, timeout: Duration) -> Result<Bytes, String> {
+        let by = crate::proxy::conn::deadline(Instant::now(), timeout);
+        self.read_all_by(limit, by).await
+    }
+
+    /// Reads the whole body, up to `limit` bytes, by `deadline`.
+    pub async fn read_all_by(&mut self, limit: usize, deadline: Instant) -> Result<Bytes, String> {
         let mut buf = Vec::new();
         let read = async {
             loop {
@@ -219,7 +228,7 @@ impl UpstreamResponse {
                 }
             }
         };
-        match tokio::time::timeout(timeout, read).await {
+        match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(())) => Ok(Bytes::from(buf)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err("timed out reading the response body".into()),

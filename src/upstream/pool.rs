@@ -8,6 +8,10 @@
 //!   selection — pingora 0.9 has no least-connections algorithm;
 //! - **passive ejection**: after `max_failures` consecutive failed attempts a replica is skipped
 //!   until an ejection period passes (then tried again), on top of the health checks;
+//!   `quipu_upstream_healthy` is 1 when the last health check passed and no ejection is running,
+//!   recomputed on every check, ejection and success (so it returns to 1 when an ejection ends,
+//!   with or without traffic);
+//! - **health checks per replica**: each replica's `GET /health` carries its own `Host`;
 //! - **prefix-cache affinity**: requests whose upstream prompt starts with the same bytes as an
 //!   earlier one go to the replica that served it, where the KV cache already holds that
 //!   prefix — unless that replica is busier than the least-loaded one by more than a slack.
@@ -19,12 +23,12 @@
 
 use crate::config::{Model, Replica, Routing};
 use crate::metrics::m;
-use pingora::lb::health_check::{HealthObserve, HttpHealthCheck};
+use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, Backends, LoadBalancer};
 use prometheus::{IntCounter, IntGauge};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -41,8 +45,6 @@ pub struct ReplicaState {
     backend: Backend,
     in_flight: AtomicUsize,
     consecutive_failures: AtomicU32,
-    /// Milliseconds since the pool's epoch until which the replica is ejected.
-    ejected_until_ms: AtomicU64,
     /// This replica's metric children, resolved once so picks do no label lookups.
     in_flight_gauge: IntGauge,
     selected: [OnceLock<IntCounter>; Pick::COUNT],
@@ -56,7 +58,8 @@ pub struct ModelPool {
     routing: Routing,
     max_failures: u32,
     eject_for: Duration,
-    epoch: Instant,
+    /// Health verdicts and ejections, shared with the health-check service.
+    health: Arc<PoolHealth>,
     rr: AtomicUsize,
     affinity: Box<[AtomicU64]>,
     /// `quipu_prefix_affinity_total` children: hit, overloaded, miss.
@@ -100,6 +103,7 @@ impl ReplicaGuard<'_> {
         self.pool.replicas[self.index]
             .consecutive_failures
             .store(0, Ordering::Relaxed);
+        self.pool.health.refresh(self.index);
     }
 
     /// The attempt failed (`kind` is a metric label); ejects after too many in a row.
@@ -110,11 +114,14 @@ impl ReplicaGuard<'_> {
             .inc();
         let n = r.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= self.pool.max_failures {
-            let until = self.pool.now_ms() + self.pool.eject_for.as_millis() as u64;
-            r.ejected_until_ms.store(until, Ordering::Relaxed);
-            m().upstream_healthy
-                .with_label_values(&[&self.pool.slug, &r.replica.url])
-                .set(0);
+            let health = &self.pool.health;
+            let until = health
+                .now_ms()
+                .saturating_add(self.pool.eject_for.as_millis() as u64);
+            health.replicas[self.index]
+                .ejected_until_ms
+                .store(until, Ordering::Relaxed);
+            health.refresh(self.index);
             log::warn!(
                 "replica {} of {} ejected for {:?} after {n} consecutive failures",
                 r.replica.url,
@@ -148,29 +155,109 @@ pub fn block_hashes(prompt: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-struct HealthMetric {
+/// What `quipu_upstream_healthy` of one replica is made of.
+struct ReplicaHealth {
+    url: String,
+    addr: SocketAddr,
+    /// The active health check's verdict (pingora flips a backend after one check).
+    checked_healthy: AtomicBool,
+    /// Milliseconds since the pool's epoch until which the replica is ejected.
+    ejected_until_ms: AtomicU64,
+    gauge: IntGauge,
+}
+
+/// The health state of a pool's replicas, shared by the request path and the health checks.
+struct PoolHealth {
     slug: String,
-    urls: Vec<(SocketAddr, String)>,
+    epoch: Instant,
+    replicas: Vec<ReplicaHealth>,
+}
+
+impl PoolHealth {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn ejected(&self, i: usize) -> bool {
+        self.replicas[i].ejected_until_ms.load(Ordering::Relaxed) > self.now_ms()
+    }
+
+    /// Sets the replica's gauge from its check verdict and ejection.
+    fn refresh(&self, i: usize) {
+        let r = &self.replicas[i];
+        let healthy = r.checked_healthy.load(Ordering::Relaxed) && !self.ejected(i);
+        r.gauge.set(i64::from(healthy));
+    }
+
+    fn index_of(&self, target: &Backend) -> Option<usize> {
+        let addr = target.addr.as_inet().copied()?;
+        self.replicas.iter().position(|r| r.addr == addr)
+    }
+}
+
+/// The active health checks of a pool: one HTTP check per replica (each with its own `Host`
+/// header), reporting to the pool's [`PoolHealth`].
+struct ReplicaChecks {
+    health: Arc<PoolHealth>,
+    checks: Vec<HttpHealthCheck>,
 }
 
 #[async_trait::async_trait]
-impl HealthObserve for HealthMetric {
-    async fn observe(&self, target: &Backend, healthy: bool) {
-        if let Some((_, url)) = self
-            .urls
-            .iter()
-            .find(|(a, _)| Some(*a) == target.addr.as_inet().copied())
-        {
-            m().upstream_healthy
-                .with_label_values(&[&self.slug, url])
-                .set(i64::from(healthy));
-            if healthy {
-                log::info!("replica {url} of {} is healthy", self.slug);
-            } else {
-                log::warn!("replica {url} of {} failed its health check", self.slug);
-            }
+impl HealthCheck for ReplicaChecks {
+    async fn check(&self, target: &Backend) -> pingora::Result<()> {
+        let Some(i) = self.health.index_of(target) else {
+            return pingora::Error::e_explain(
+                pingora::ErrorType::InternalError,
+                "health check of an unknown replica",
+            );
+        };
+        let result = self.checks[i].check(target).await;
+        // An ejection that ended since the last check shows in the gauge now, traffic or not.
+        self.health.refresh(i);
+        result
+    }
+
+    async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        let Some(i) = self.health.index_of(target) else {
+            return;
+        };
+        let r = &self.health.replicas[i];
+        r.checked_healthy.store(healthy, Ordering::Relaxed);
+        self.health.refresh(i);
+        if healthy {
+            log::info!("replica {} of {} is healthy", r.url, self.health.slug);
+        } else {
+            log::warn!(
+                "replica {} of {} failed its health check",
+                r.url,
+                self.health.slug
+            );
         }
     }
+
+    fn health_threshold(&self, _success: bool) -> usize {
+        1
+    }
+}
+
+/// One active health check per replica, each sending that replica's `Host`.
+fn replica_checks(model: &Model) -> Vec<HttpHealthCheck> {
+    let path: http::Uri = model
+        .health
+        .path
+        .parse()
+        .unwrap_or_else(|_| http::Uri::from_static("/health"));
+    model
+        .replicas
+        .iter()
+        .map(|r| {
+            let mut hc = HttpHealthCheck::new(&r.authority, false);
+            hc.req.set_uri(path.clone());
+            hc.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
+            hc.peer_template.options.read_timeout = Some(Duration::from_secs(2));
+            hc
+        })
+        .collect()
 }
 
 impl ModelPool {
@@ -179,39 +266,38 @@ impl ModelPool {
     pub fn new(model: &Model) -> std::io::Result<ModelPool> {
         let addrs: Vec<String> = model.replicas.iter().map(|r| r.addr.to_string()).collect();
         let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(addrs.iter().map(String::as_str))?;
-        let host = model
-            .replicas
-            .first()
-            .map(|r| r.authority.clone())
-            .unwrap_or_default();
-        let mut hc = HttpHealthCheck::new(&host, false);
-        hc.req.set_uri(
-            model
-                .health
-                .path
-                .parse()
-                .unwrap_or_else(|_| http::Uri::from_static("/health")),
-        );
-        hc.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
-        hc.peer_template.options.read_timeout = Some(Duration::from_secs(2));
-        hc.health_changed_callback = Some(Box::new(HealthMetric {
+        let health = Arc::new(PoolHealth {
             slug: model.slug.clone(),
-            urls: model
+            epoch: Instant::now(),
+            replicas: model
                 .replicas
                 .iter()
-                .map(|r| (r.addr, r.url.clone()))
+                .map(|r| {
+                    let gauge = m()
+                        .upstream_healthy
+                        .with_label_values(&[&model.slug, &r.url]);
+                    gauge.set(1);
+                    ReplicaHealth {
+                        url: r.url.clone(),
+                        addr: r.addr,
+                        checked_healthy: AtomicBool::new(true),
+                        ejected_until_ms: AtomicU64::new(0),
+                        gauge,
+                    }
+                })
                 .collect(),
+        });
+        let checks = replica_checks(model);
+        lb.set_health_check(Box::new(ReplicaChecks {
+            health: health.clone(),
+            checks,
         }));
-        lb.set_health_check(Box::new(hc));
         lb.health_check_frequency = Some(model.health.interval);
         lb.parallel_health_check = true;
         let replicas = model
             .replicas
             .iter()
             .map(|r| {
-                m().upstream_healthy
-                    .with_label_values(&[&model.slug, &r.url])
-                    .set(1);
                 let in_flight_gauge = m()
                     .upstream_in_flight
                     .with_label_values(&[&model.slug, &r.url]);
@@ -225,7 +311,6 @@ impl ModelPool {
                     },
                     in_flight: AtomicUsize::new(0),
                     consecutive_failures: AtomicU32::new(0),
-                    ejected_until_ms: AtomicU64::new(0),
                     in_flight_gauge,
                     selected: Default::default(),
                 }
@@ -238,7 +323,7 @@ impl ModelPool {
             routing: model.routing,
             max_failures: model.health.max_failures,
             eject_for: (model.health.interval * 2).max(Duration::from_secs(1)),
-            epoch: Instant::now(),
+            health,
             rr: AtomicUsize::new(0),
             affinity: (0..AFFINITY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             affinity_outcomes: Default::default(),
@@ -254,15 +339,10 @@ impl ModelPool {
         self.lb.backends()
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
     /// Healthy per the health checks and not ejected.
     pub fn is_available(&self, i: usize) -> bool {
         let r = &self.replicas[i];
-        self.backends().ready(&r.backend)
-            && r.ejected_until_ms.load(Ordering::Relaxed) <= self.now_ms()
+        self.backends().ready(&r.backend) && !self.health.ejected(i)
     }
 
     pub fn in_flight(&self, i: usize) -> usize {
@@ -368,9 +448,13 @@ mod tests {
     use crate::config::{Config, EMBEDDED_DEFAULT};
 
     fn pool(routing: &str, n: usize) -> ModelPool {
+        pool_at(routing, n, 18000)
+    }
+
+    fn pool_at(routing: &str, n: usize, port: usize) -> ModelPool {
         let mut text = EMBEDDED_DEFAULT.to_owned();
         let ups: Vec<String> = (0..n)
-            .map(|i| format!("\"http://127.0.0.1:{}/v1\"", 18000 + i))
+            .map(|i| format!("\"http://127.0.0.1:{}/v1\"", port + i))
             .collect();
         text = text.replacen(
             "upstreams = [\"http://127.0.0.1:8000/v1\"]",
@@ -409,6 +493,60 @@ mod tests {
         assert!(!p.is_available(1));
         assert_eq!(p.pick(&[], &[]).unwrap().index, 0);
         assert!(p.pick(&[], &[0]).is_none());
+    }
+
+    #[test]
+    fn the_health_gauge_comes_back_when_an_ejection_ends() {
+        let p = pool_at("least_loaded", 1, 18100);
+        let gauge = || {
+            m().upstream_healthy
+                .with_label_values(&[&p.slug, &p.replicas[0].replica.url])
+                .get()
+        };
+        assert_eq!(gauge(), 1);
+        let g = p.pick(&[], &[]).unwrap();
+        for _ in 0..3 {
+            g.failed("connect");
+        }
+        assert_eq!(gauge(), 0, "ejected");
+        drop(g);
+        std::thread::sleep(p.eject_for + Duration::from_millis(50));
+        assert!(p.is_available(0));
+        // No traffic: the next health check recomputes it.
+        p.health.refresh(0);
+        assert_eq!(gauge(), 1);
+        // Traffic: a success after an ejection also does.
+        let g = p.pick(&[], &[]).unwrap();
+        for _ in 0..3 {
+            g.failed("connect");
+        }
+        assert_eq!(gauge(), 0);
+        std::thread::sleep(p.eject_for + Duration::from_millis(50));
+        g.succeeded();
+        assert_eq!(gauge(), 1);
+        // A failed health check keeps it at 0 whatever the ejection.
+        p.health.replicas[0]
+            .checked_healthy
+            .store(false, Ordering::Relaxed);
+        g.succeeded();
+        assert_eq!(gauge(), 0);
+    }
+
+    #[test]
+    fn every_replica_is_checked_with_its_own_host() {
+        let text = EMBEDDED_DEFAULT.replacen(
+            "upstreams = [\"http://127.0.0.1:8000/v1\"]",
+            "upstreams = [\"http://localhost:18200/v1\", \"http://127.0.0.1:18201/v1\"]",
+            1,
+        );
+        let c = Config::parse(&text, "t").unwrap();
+        let checks = replica_checks(&c.models[0]);
+        let hosts: Vec<&str> = checks
+            .iter()
+            .map(|hc| hc.req.headers.get("host").unwrap().to_str().unwrap())
+            .collect();
+        assert_eq!(hosts, ["localhost:18200", "127.0.0.1:18201"]);
+        assert!(checks.iter().all(|hc| hc.req.uri.path() == "/health"));
     }
 
     #[test]

@@ -158,6 +158,11 @@ class Sim:
     def set_healthy(self, healthy: bool) -> None:
         http_json("POST", self.url + "/sim/health", {"healthy": healthy})
 
+    def set_fault(self, status: int | None) -> None:
+        """Answers every chat completion with `status` (None: back to normal), while the health
+        check keeps passing."""
+        http_json("POST", self.url + "/sim/fault", {"status": status})
+
     def last_body(self) -> bytes:
         with urllib.request.urlopen(self.url + "/sim/last-body", timeout=10) as r:
             return r.read()

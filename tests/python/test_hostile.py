@@ -1,10 +1,13 @@
 """Hostile input: a catalogue of bad requests through the real binary. Each must get a
-well-formed error in its endpoint's shape with the right status; afterwards the gateway still
-serves, no reservation is left open, and no refused request left a ledger row."""
+well-formed error in its endpoint's shape with the right status and the DESIGN.md error type
+(and chat code); afterwards the gateway still serves, no reservation is left open, and no
+refused request left a ledger row."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import selectors
 import socket
 import sqlite3
 import threading
@@ -33,7 +36,8 @@ def chat_cases(key: str):
     yield "empty body", c(b""), 400
     yield "null body", c(b"null"), 400
     yield "array body", c(b'["colibri",[]]'), 400
-    yield "duplicate keys", c(b'{"model":"colibri","model":"apu","messages":[]}'), 400
+    yield "duplicate keys", c(b'{"model":"colibri","model":"apu","messages":[{"role":"user","content":"hola [[sim: tokens=2]]"}]}'), 400
+    yield "duplicate keys in a message", c(b'{"model":"colibri","messages":[{"role":"user","content":"x","content":"y"}]}'), 400
     yield "model not a string", c({"model": 7, "messages": OK_MSG}), 400
     yield "messages not an array", c({"model": "colibri", "messages": "hola"}), 400
     yield "messages empty", c({"model": "colibri", "messages": []}), 400
@@ -65,6 +69,7 @@ def chat_cases(key: str):
     yield "base64 that is not base64", c(img("aguila", "data:image/png;base64,@@not base64@@")), 400
     yield "image of an unknown type", c(img("aguila", "data:image/svg+xml;base64,PHN2Zz4=")), 400
     yield "image url to a metadata service", c(img("aguila", "http://169.254.169.254/latest/meta-data")), 400
+    yield "https image url to a metadata service", c(img("aguila", "https://169.254.169.254/latest/meta-data")), 400
     yield "10,000 levels of nesting", c(deep(10_000)), 400
     yield "stream not a boolean", c(m({"stream": "yes"})), 400
     yield "stream_options not an object", c(m({"stream": True, "stream_options": "usage"})), 400
@@ -78,6 +83,11 @@ def chat_cases(key: str):
     yield "basic auth", ("chat", m({}), {"Authorization": "Basic dXNlcjpwYXNz", "Content-Type": "application/json"}, {}), 401
     yield "x-api-key on the chat format", ("chat", m({}), {"x-api-key": key, "Content-Type": "application/json"}, {}), 401
     yield "empty bearer", ("chat", m({}), {"Authorization": "Bearer ", "Content-Type": "application/json"}, {}), 401
+    yield "bearer with two tokens", ("chat", m({}), {"Authorization": f"Bearer {key} {key}", "Content-Type": "application/json"}, {}), 401
+    yield "duplicated Authorization headers", ("chat", m({}), [("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {key}"), ("Content-Type", "application/json")], {}), 401
+    yield "duplicated Authorization, one wrong", ("chat", m({}), [("Authorization", "Bearer sk-qp-wrong"), ("Authorization", f"Bearer {key}"), ("Content-Type", "application/json")], {}), 401
+    yield "a valid bearer and an extra x-api-key", ("chat", m({}), {"Authorization": f"Bearer {key}", "x-api-key": "sk-ant-api03-vendor", "Content-Type": "application/json"}, {}), 200
+    yield "lowercase bearer scheme", ("chat", m({}), {"Authorization": f"bearer {key}", "Content-Type": "application/json"}, {}), 200
     yield "body over the limit", c(b'{"model":"colibri","messages":[{"role":"user","content":"' + b"a" * (2 * 1024 * 1024) + b'"}]}'), 413
 
 
@@ -88,7 +98,7 @@ def messages_cases(key: str):
     with_ = lambda **kw: {**ok, **kw}  # noqa: E731
     yield "messages invalid json", c(b"{"), 400
     yield "messages missing messages", c({"model": "colibri", "max_tokens": 5}), 400
-    yield "messages empty", c(with_(messages=[])), 400
+    yield "messages format, messages empty", c(with_(messages=[])), 400
     yield "bad version header", c(ok, {**auth, "anthropic-version": "2023/06/01"}), 400
     yield "bad compat-version header", c(ok, {**auth, "compat-version": "latest"}), 400
     yield "unknown block type", c(with_(messages=[{"role": "user", "content": [{"type": "hologram"}]}])), 400
@@ -101,15 +111,84 @@ def messages_cases(key: str):
     yield "messages system a number", c(with_(system=42)), 400
     yield "messages role unknown", c(with_(messages=[{"role": "robot", "content": "x"}])), 400
     yield "messages nesting", ("messages", deep(10_000), auth, {}), 400
+    yield "messages duplicate keys", c(b'{"model":"colibri","max_tokens":10,"max_tokens":20,"messages":[{"role":"user","content":"hola [[sim: tokens=2]]"}]}'), 400
+    yield "messages https image url to a metadata service", c(with_(model="aguila", messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://169.254.169.254/latest/meta-data"}}]}])), 400
     yield "messages no key", c(ok, {"Content-Type": "application/json"}), 401
     yield "messages wrong key", c(ok, {**auth, "x-api-key": "sk-qp-wrong"}), 401
-    yield "messages two different keys", c(ok, {**auth, "Authorization": "Bearer sk-qp-other"}), 401
+    yield "messages two wrong keys", c(ok, {**auth, "x-api-key": "sk-qp-wrong", "Authorization": "Bearer sk-qp-other"}), 401
+    yield "messages empty x-api-key, no bearer", c(ok, {**auth, "x-api-key": ""}), 401
+    yield "messages duplicated x-api-key", ("messages", ok, [("x-api-key", key), ("x-api-key", key), ("Content-Type", "application/json")], {}), 401
+    yield "messages duplicated Authorization", ("messages", ok, [("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {key}"), ("Content-Type", "application/json")], {}), 401
+    # Claude Code with both variables set: a vendor key in one header, the gateway key in the other.
+    yield "messages gateway bearer, vendor x-api-key", c(ok, {**auth, "x-api-key": "sk-ant-api03-vendor", "Authorization": f"Bearer {key}"}), 200
+    yield "messages vendor bearer, gateway x-api-key", c(ok, {**auth, "Authorization": "Bearer sk-ant-oat01-vendor"}), 200
+    yield "messages bearer only", c(ok, {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}), 200
     yield "messages unknown model", c(with_(model="claude-unknown-9")), 404
     yield "messages body over the limit", c(b'{"model":"colibri","messages":[{"role":"user","content":"' + b"a" * (2 * 1024 * 1024) + b'"}]}'), 413
     yield "count_tokens bad body", ("count_tokens", b"[]", auth, {}), 400
 
 
+HEAD_TIMEOUT_MS = 2000
+
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens"}
+
+# DESIGN.md's error table: (fmt, status) -> (error.type, chat error.code or None when unchecked).
+ERROR_TABLE = {
+    ("chat", 400): ("invalid_request_error", None),
+    ("chat", 401): ("authentication_error", "invalid_api_key"),
+    ("chat", 404): ("invalid_request_error", "model_not_found"),
+    ("chat", 413): ("invalid_request_error", "request_too_large"),
+    ("messages", 400): ("invalid_request_error", None),
+    ("messages", 401): ("authentication_error", None),
+    ("messages", 404): ("not_found_error", None),
+    ("messages", 413): ("request_too_large", None),
+}
+ERROR_TABLE.update({("count_tokens", s): v for (f, s), v in list(ERROR_TABLE.items()) if f == "messages"})
+
+
+def send(gw, path: str, body: bytes, headers) -> tuple[int, object, dict]:
+    """POSTs with headers given as a dict or as a list of pairs (repeats allowed)."""
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers)
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30)
+    try:
+        conn.putrequest("POST", path, skip_accept_encoding=True)
+        for k, v in pairs:
+            conn.putheader(k, v)
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        r = conn.getresponse()
+        raw = r.read()
+        hdrs = {k.lower(): v for k, v in r.getheaders()}
+        status = r.status
+    finally:
+        conn.close()
+    try:
+        return status, json.loads(raw), hdrs
+    except ValueError:
+        return status, raw.decode(errors="replace"), hdrs
+
+
+def error_problems(fmt: str, status: int, payload) -> list[str]:
+    """What is wrong with an error response, per the error shapes and DESIGN.md's table."""
+    if fmt == "chat":
+        if not (isinstance(payload, dict) and set(payload) == {"error"}
+                and {"message", "type", "param", "code"} <= set(payload["error"])):
+            return [f"wrong error shape: {str(payload)[:200]}"]
+        got = (payload["error"]["type"], payload["error"]["code"])
+    else:
+        if not (isinstance(payload, dict) and payload.get("type") == "error"
+                and {"type", "message"} <= set(payload.get("error", {}))):
+            return [f"wrong error shape: {str(payload)[:200]}"]
+        got = (payload["error"]["type"], None)
+    want_type, want_code = ERROR_TABLE[(fmt, status)]
+    problems = []
+    if got[0] != want_type:
+        problems.append(f"error.type {got[0]!r} != {want_type!r}")
+    if want_code is not None and got[1] != want_code:
+        problems.append(f"error.code {got[1]!r} != {want_code!r}")
+    if not payload["error"]["message"]:
+        problems.append("empty message")
+    return problems
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +196,7 @@ def hostile(workdir):
     sim = Sim(workdir, name="sim-hostile").start()
     gw = Gateway(
         workdir, {s: [sim.api_base] for s in ("colibri", "aguila", "apu")}, name="quipu-hostile",
-        server_extra="max_body_bytes = 1048576\nclient_write_timeout_ms = 2000",
+        server_extra=f"max_body_bytes = 1048576\nclient_write_timeout_ms = 2000\nheader_timeout_ms = {HEAD_TIMEOUT_MS}",
     ).start()
     _, key = gw.new_tenant("hostile")
     yield gw, sim, key
@@ -129,22 +208,21 @@ def test_hostile_catalogue(hostile):
     gw, sim, key = hostile
     cases = list(chat_cases(key)) + list(messages_cases(key))
     assert len(cases) >= 60
+    assert len({name for name, _, _ in cases}) == len(cases), "case names are unique"
     failures = []
+    admitted = 0
     for name, (fmt, body, headers, _), expected in cases:
         data = body if isinstance(body, (bytes, bytearray)) else json.dumps(body).encode()
-        status, payload, hdrs = http_json("POST", gw.base + PATHS[fmt], data, headers)
+        status, payload, hdrs = send(gw, PATHS[fmt], data, headers)
         problems = []
         if status != expected:
-            problems.append(f"status {status} != {expected}")
+            problems.append(f"status {status} != {expected}: {str(payload)[:200]}")
         if not hdrs.get("x-request-id"):
             problems.append("no x-request-id")
-        if expected >= 400:
-            if fmt == "chat":
-                ok = isinstance(payload, dict) and set(payload) == {"error"} and {"message", "type", "param", "code"} <= set(payload["error"])
-            else:
-                ok = isinstance(payload, dict) and payload.get("type") == "error" and {"type", "message"} <= set(payload.get("error", {}))
-            if not ok:
-                problems.append(f"wrong error shape: {str(payload)[:200]}")
+        if expected >= 400 and status == expected:
+            problems += error_problems(fmt, status, payload)
+        if expected == 200:
+            admitted += 1
         if problems:
             failures.append(f"{name}: {'; '.join(problems)}")
     assert not failures, "\n".join(failures)
@@ -163,9 +241,84 @@ def test_hostile_catalogue(hostile):
         con.close()
         return rows
 
-    wait_until(lambda: len(statuses()) >= 2, 5, "the ledger rows")
+    wait_until(lambda: len(statuses()) >= admitted + 1, 5, "the ledger rows")
     time.sleep(0.2)
-    assert statuses() == [200, 200], "only the two admitted requests are in the ledger"
+    assert statuses() == [200] * (admitted + 1), "only the admitted requests are in the ledger"
+
+
+def raw_exchange(gw, request: bytes, timeout: float = 10.0) -> bytes:
+    """Sends raw bytes and reads until the server closes or a complete response has arrived."""
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=timeout)
+    try:
+        s.sendall(request)
+        got = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            got += chunk
+            head, sep, body = got.partition(b"\r\n\r\n")
+            if sep:
+                length = [int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")]
+                if length and len(body) >= length[0]:
+                    break
+        return got
+    finally:
+        s.close()
+
+
+def test_header_injection_attempts(hostile):
+    """CR/LF smuggled into a request line, a header or a JSON field never becomes a response
+    header, and never reaches an answer other than a refusal."""
+    gw, _, key = hostile
+    body = json.dumps({"model": "colibri", "messages": OK_MSG}).encode()
+    auth = f"Authorization: Bearer {key}\r\n".encode()
+
+    def post(path: bytes, extra: bytes = b"", payload: bytes = body) -> bytes:
+        return (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra
+                + b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+    cases = {
+        # Encoded CRLF in the path: no route, a chat-shaped 404.
+        "encoded CRLF in the path": (post(b"/v1/chat/completions%0d%0aX-Injected:%201", auth), 404),
+        # A bare CR inside a header value, and a folded (obs-fold) header line: malformed HTTP.
+        "bare CR in a header value": (post(b"/v1/chat/completions", auth + b"X-Note: a\rX-Injected: 1\r\n"), 400),
+        "folded header line": (post(b"/v1/chat/completions", auth + b"X-Note: a\r\n X-Injected: 1\r\n"), 400),
+        "bare LF splitting a header": (post(b"/v1/chat/completions", auth + b"X-Note: a\nX-Injected: 1\r\n"), None),
+        # CR/LF inside JSON strings: a model that does not exist, a field that is not a date.
+        "CRLF in the model name": (post(b"/v1/chat/completions", auth, json.dumps(
+            {"model": "colibri\r\nX-Injected: 1", "messages": OK_MSG}).encode()), 404),
+        "CRLF in a stop string": (post(b"/v1/chat/completions", auth, json.dumps(
+            {"model": "colibri", "messages": OK_MSG, "stop": ["\r\nX-Injected: 1"]}).encode()), 200),
+    }
+    failures = []
+    for name, (request, expected) in cases.items():
+        raw = raw_exchange(gw, request)
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1]) if lines[0].startswith(b"HTTP/1.1 ") else None
+        if any(line.lower().startswith(b"x-injected") for line in lines[1:]):
+            failures.append(f"{name}: an injected response header: {head!r}")
+        if expected is None:
+            # Either refused as malformed or read as one header; never served as a success
+            # with an injected header (checked above).
+            if status not in (200, 400):
+                failures.append(f"{name}: status {status}")
+        elif status != expected:
+            failures.append(f"{name}: status {status} != {expected}: {raw[:300]!r}")
+        elif expected == 404:
+            failures += [f"{name}: {p}" for p in error_problems("chat", 404, json.loads(rest))
+                         if "error.code" not in p]
+            payload = json.loads(rest)
+            want = "not_found" if b"%0d%0a" in request.split(b"\r\n")[0] else "model_not_found"
+            if payload["error"]["code"] != want:
+                failures.append(f"{name}: code {payload['error']['code']} != {want}")
+    assert not failures, "\n".join(failures)
+    assert http_json("GET", gw.base + "/v1/models")[0] == 200
 
 
 def test_headers_cannot_choose_the_upstream(hostile):
@@ -205,9 +358,33 @@ def test_a_key_revoked_mid_stream(hostile):
     assert st["totals"]["output_tokens"] == 20, "charged to its tenant, in full"
 
 
+def closed_by_server(socks: list[socket.socket], within: float) -> list[socket.socket]:
+    """Waits up to `within` seconds for the server to close each socket; returns those it did
+    not close."""
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+    open_ = set(socks)
+    deadline = time.time() + within
+    while open_ and time.time() < deadline:
+        for key, _ in sel.select(timeout=max(0.0, deadline - time.time())):
+            s = key.fileobj
+            try:
+                data = s.recv(65536)
+            except (ConnectionResetError, BlockingIOError) as e:
+                data = b"" if isinstance(e, ConnectionResetError) else None
+            if data == b"":
+                sel.unregister(s)
+                open_.discard(s)
+    sel.close()
+    return list(open_)
+
+
 def test_slowloris_and_idle_connections_do_not_stop_service(hostile):
     gw, _, key = hostile
     socks = []
+    opened = time.time()
     for i in range(1500):
         s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
         if i % 3 == 0:
@@ -219,9 +396,95 @@ def test_slowloris_and_idle_connections_do_not_stop_service(hostile):
         {"Authorization": f"Bearer {key}"},
     )
     elapsed = time.time() - t
+    assert status == 200 and elapsed < 1.0, (status, elapsed)
+    # Idle and half-sent connections are closed once the head deadline passes.
+    left = closed_by_server(socks, HEAD_TIMEOUT_MS / 1000 + 3 - (time.time() - opened))
+    closed_after = time.time() - opened
     for s in socks:
         s.close()
-    assert status == 200 and elapsed < 1.0, (status, elapsed)
+    assert not left, f"{len(left)} of 1500 idle or slow connections still open after {closed_after:.1f} s"
+
+
+def test_a_head_dripped_byte_by_byte_is_cut_off(hostile):
+    """Each byte arrives well within any per-read timeout; the head as a whole does not."""
+    gw, _, key = hostile
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    started = time.time()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+    cut = None
+    for b in head:
+        try:
+            s.sendall(bytes([b]))
+        except (BrokenPipeError, ConnectionResetError):
+            cut = time.time() - started
+            break
+        if not closed_by_server([s], 0.2):
+            cut = time.time() - started
+            break
+    s.close()
+    assert cut is not None, "a head dripped over 40 s was never cut off"
+    assert HEAD_TIMEOUT_MS / 1000 - 0.3 < cut < HEAD_TIMEOUT_MS / 1000 + 1.5, cut
+    # A request that sends its head at once on a connection idle for a while still works.
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+    conn.connect()
+    time.sleep(HEAD_TIMEOUT_MS / 2000)
+    conn.request("GET", "/v1/models")
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200
+    # …and, kept alive, a later request gets its own deadline from its first byte.
+    time.sleep(HEAD_TIMEOUT_MS / 1000 + 0.5)
+    conn.request("POST", "/v1/chat/completions", json.dumps({"model": "colibri", "messages": OK_MSG}),
+                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200
+    conn.close()
+
+
+def test_connections_beyond_the_cap_are_closed_and_the_first_ones_work(workdir, hostile):
+    _, sim, _ = hostile
+    cap = 16
+    gw = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-capped",
+                 server_extra=f"max_connections = {cap}").start()
+    try:
+        _, key = gw.new_tenant("capped")
+        body = json.dumps({"model": "colibri", "messages": OK_MSG})
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+        def ask(c):
+            c.request("POST", "/v1/chat/completions", body, headers)
+            r = c.getresponse()
+            r.read()
+            return r.status
+
+        # Let the connections of start-up checks close on the server's side too.
+        time.sleep(0.3)
+        conns = [http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10) for _ in range(cap)]
+        assert [ask(c) for c in conns] == [200] * cap
+        socks = [c.sock for c in conns]
+        extra = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+        try:
+            extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = extra.recv(65536)
+        except ConnectionResetError:
+            got = b""
+        extra.close()
+        assert got == b"", f"connection {cap + 1} was served: {got[:100]!r}"
+        # The first ones keep working, on the same connections.
+        assert [ask(c) for c in conns] == [200] * cap
+        assert [c.sock for c in conns] == socks
+        # One closes: room for a new one.
+        conns[0].close()
+
+        def new_one_served():
+            return http_json("GET", gw.base + "/v1/models", timeout=5)[0] == 200
+
+        wait_until(new_one_served, 3, "a new connection once one closed")
+        for c in conns[1:]:
+            c.close()
+    finally:
+        gw.stop()
 
 
 def test_a_client_that_stops_reading_releases_the_upstream(hostile):

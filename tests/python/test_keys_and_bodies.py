@@ -4,6 +4,7 @@ keep-alive)."""
 import hashlib
 import json
 import os
+import socket
 import sqlite3
 import time
 
@@ -105,3 +106,103 @@ def test_body_over_the_limit_is_413_in_the_endpoint_shape(routed):
     r = conn.getresponse()
     r.read()
     assert r.status == 200 and conn.sock is sock, "keep-alive survives a 413"
+
+
+@pytest.fixture(scope="module")
+def small(workdir):
+    """A gateway with a 1 MiB body limit."""
+    sim = Sim(workdir, name="sim-small-limit").start()
+    g = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-small-limit",
+                server_extra="max_body_bytes = 1048576").start()
+    _, key = g.new_tenant("small")
+    yield g, key
+    g.stop()
+    sim.stop()
+
+
+def json_in_chunks(total: int, piece: int = 64 * 1024):
+    """A JSON chat body of about `total` bytes, as an iterator (sent chunked, no length)."""
+    yield b'{"model":"colibri","messages":[{"role":"user","content":"'
+    sent = 0
+    while sent < total:
+        n = min(piece, total - sent)
+        yield b"a" * n
+        sent += n
+    yield b'"}]}'
+
+
+def test_chunked_body_over_the_limit_is_413_in_the_endpoint_shape(small):
+    g, key = small
+    conn = raw_connection(g)
+    sock = None
+    for path, headers in (("/v1/messages", {"x-api-key": key}), ("/v1/chat/completions", {"Authorization": f"Bearer {key}"})):
+        # An iterator and no length: http.client sends `Transfer-Encoding: chunked`.
+        conn.request("POST", path, json_in_chunks(3 * 1024 * 1024 // 2),
+                     {**headers, "Content-Type": "application/json"}, encode_chunked=True)
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 413, body
+        if path == "/v1/messages":
+            assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+        else:
+            assert body["error"]["type"] == "invalid_request_error"
+            assert body["error"]["code"] == "request_too_large"
+        sock = sock or conn.sock
+        assert conn.sock is sock, "drained within bounds: the connection is kept"
+    conn.request("GET", "/v1/models")
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200 and conn.sock is sock
+    status, _, _ = http_json("POST", g.base + "/v1/chat/completions",
+                             {"model": "colibri", "messages": [{"role": "user", "content": "hola [[sim: tokens=2]]"}]},
+                             {"Authorization": f"Bearer {key}"})
+    assert status == 200
+
+
+def endless_chunks(s: socket.socket, pause: float = 0.0, seconds: float = 20.0) -> tuple[int, float]:
+    """Sends chunks until the server hangs up; returns (bytes sent, seconds it took)."""
+    chunk = b"a" * (64 * 1024 if not pause else 1)
+    frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    sent = 0
+    started = time.time()
+    while time.time() - started < seconds:
+        try:
+            s.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            break
+        sent += len(chunk)
+        if pause:
+            time.sleep(pause)
+            s.setblocking(False)
+            try:
+                if s.recv(65536) == b"":
+                    break
+            except BlockingIOError:
+                pass
+            except ConnectionResetError:
+                break
+            finally:
+                s.setblocking(True)
+    return sent, time.time() - started
+
+
+@pytest.mark.parametrize("pace", ["flood", "drip"])
+def test_an_endless_refused_chunked_body_is_cut_off(small, pace):
+    """A refused request (no key) with a chunked body that never ends: read up to 4x the limit
+    (flood) or for 10 s (drip), then the connection is closed; the gateway serves others."""
+    g, key = small
+    s = socket.create_connection(("127.0.0.1", g.port), timeout=15)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n")
+    if pace == "flood":
+        sent, took = endless_chunks(s)
+        assert sent < 16 * 1024 * 1024, f"{sent} bytes accepted"
+        assert took < 10
+    else:
+        sent, took = endless_chunks(s, pause=0.25)
+        assert 8 < took < 14, f"cut off after {took:.1f} s"
+    s.close()
+    status, _, _ = http_json("POST", g.base + "/v1/chat/completions",
+                             {"model": "colibri", "messages": [{"role": "user", "content": "hola [[sim: tokens=2]]"}]},
+                             {"Authorization": f"Bearer {key}"})
+    assert status == 200

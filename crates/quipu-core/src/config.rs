@@ -64,6 +64,11 @@ pub struct RawServer {
     pub max_body_bytes: usize,
     /// API requests handled at once; beyond it new ones are refused as overloaded.
     pub max_in_flight: usize,
+    /// Open client connections (idle keep-alive ones included); further ones are closed at once.
+    pub max_connections: usize,
+    /// A request head must arrive whole within this long: from the connection's opening for
+    /// its first request, from the first byte for later ones.
+    pub header_timeout_ms: u64,
     pub client_read_timeout_ms: u64,
     pub client_write_timeout_ms: u64,
     pub keepalive_timeout_s: u64,
@@ -85,6 +90,8 @@ impl Default for RawServer {
             threads: 2,
             max_body_bytes: 32 * 1024 * 1024,
             max_in_flight: 10_000,
+            max_connections: 10_000,
+            header_timeout_ms: 15_000,
             client_read_timeout_ms: 60_000,
             client_write_timeout_ms: 60_000,
             keepalive_timeout_s: 75,
@@ -338,6 +345,8 @@ pub struct Server {
     pub threads: usize,
     pub max_body_bytes: usize,
     pub max_in_flight: usize,
+    pub max_connections: usize,
+    pub header_timeout: Duration,
     pub client_read_timeout: Duration,
     pub client_write_timeout: Duration,
     pub keepalive_timeout_s: u64,
@@ -715,6 +724,12 @@ fn validate_server(
             s.max_body_bytes
         ));
     }
+    if s.max_connections == 0 {
+        errs.push("server.max_connections must be at least 1".into());
+    }
+    if s.header_timeout_ms == 0 {
+        errs.push("server.header_timeout_ms must be at least 1".into());
+    }
     let admin_token = s
         .admin_token
         .as_deref()
@@ -733,6 +748,8 @@ fn validate_server(
         threads: s.threads,
         max_body_bytes: s.max_body_bytes,
         max_in_flight: s.max_in_flight.max(1),
+        max_connections: s.max_connections,
+        header_timeout: Duration::from_millis(s.header_timeout_ms),
         client_read_timeout: Duration::from_millis(s.client_read_timeout_ms),
         client_write_timeout: Duration::from_millis(s.client_write_timeout_ms),
         keepalive_timeout_s: s.keepalive_timeout_s,

@@ -53,6 +53,9 @@ pub struct Sim {
     pub max_model_len: usize,
     pub token_delay: Duration,
     pub healthy: AtomicBool,
+    /// When not 0, every chat completion is answered with this HTTP status (`/sim/fault`): a
+    /// replica that fails while its health check still passes, e.g. an overloaded 503.
+    pub fault_status: AtomicU64,
     pub cache: Mutex<PrefixCache>,
     pub records: Mutex<VecDeque<Record>>,
     pub last_body: Mutex<Bytes>,
@@ -205,7 +208,11 @@ impl Sim {
             ctx.record = Some(rec);
             return Ok(());
         }
-        if let Some(status) = d.status {
+        let forced = match self.fault_status.load(Ordering::SeqCst) {
+            0 => None,
+            s => u16::try_from(s).ok(),
+        };
+        if let Some(status) = forced.or(d.status) {
             rec.status = status;
             ctx.record = Some(rec);
             let e = self
@@ -253,10 +260,26 @@ impl Sim {
                 ctx.record = Some(rec);
                 return Ok(());
             }
+            let v = self.shape.completion(&head, &plan, prompt, cached);
+            if d.body_ms > 0 {
+                let body = Bytes::from(v.to_string());
+                let mut h = ResponseHeader::build(200, Some(2))?;
+                h.insert_header("content-type", "application/json")?;
+                h.insert_header("content-length", body.len().to_string())?;
+                session.write_response_header(Box::new(h), false).await?;
+                if !pause(session, Duration::from_millis(d.body_ms)).await {
+                    rec.cancelled = true;
+                    ctx.record = Some(rec);
+                    return Ok(());
+                }
+                rec.completion_tokens = plan.completion_tokens;
+                rec.reported_completion_tokens = Some(plan.completion_tokens);
+                ctx.record = Some(rec);
+                return session.write_response_body(Some(body), true).await;
+            }
             rec.completion_tokens = plan.completion_tokens;
             rec.reported_completion_tokens = Some(plan.completion_tokens);
             ctx.record = Some(rec);
-            let v = self.shape.completion(&head, &plan, prompt, cached);
             return respond_json(session, 200, &v).await;
         }
         ctx.record = Some(rec);
@@ -415,6 +438,13 @@ impl Sim {
     async fn tokenize(&self, session: &mut Session) -> pingora::Result<()> {
         let body = read_body(session).await?;
         let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if let Some(m) = req["messages"].as_array() {
+            // `ttfb_ms` delays the tokenizer's answer too.
+            let d = directives::parse(m);
+            if d.ttfb_ms > 0 && !pause(session, Duration::from_millis(d.ttfb_ms)).await {
+                return Ok(());
+            }
+        }
         let ids: Vec<u32> = if let Some(m) = req["messages"].as_array() {
             tokenizer::prompt_ids(m, req.get("tools"))
         } else if let Some(p) = req["prompt"].as_str() {
@@ -470,6 +500,18 @@ impl Sim {
                 self.records.lock().clear();
                 self.cache.lock().clear();
                 respond_json(session, 200, &json!({"ok": true})).await
+            }
+            "/sim/fault" => {
+                let body = read_body(session).await?;
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                self.fault_status
+                    .store(v["status"].as_u64().unwrap_or(0), Ordering::SeqCst);
+                respond_json(
+                    session,
+                    200,
+                    &json!({"status": self.fault_status.load(Ordering::SeqCst)}),
+                )
+                .await
             }
             "/sim/health" => {
                 let body = read_body(session).await?;

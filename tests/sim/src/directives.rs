@@ -32,6 +32,9 @@ pub struct Directives {
     pub delay_ms: Option<u64>,
     pub prefill_ms: u64,
     pub ttfb_ms: u64,
+    /// Non-stream: send the response header at once and the body this much later (a server
+    /// that commits early, so a client's header and body waits are separate).
+    pub body_ms: u64,
     pub split: bool,
     /// Pad every generated word to this many bytes (big chunks, to fill socket buffers).
     pub word_bytes: usize,
@@ -93,6 +96,7 @@ pub fn parse(messages: &[Value]) -> Directives {
                 "delay_ms" => d.delay_ms = v.parse().ok(),
                 "prefill_ms" => d.prefill_ms = v.parse().unwrap_or(0),
                 "ttfb_ms" => d.ttfb_ms = v.parse().unwrap_or(0),
+                "body_ms" => d.body_ms = v.parse().unwrap_or(0),
                 "split" => d.split = true,
                 "word_bytes" => d.word_bytes = num().unwrap_or(0),
                 _ => {}

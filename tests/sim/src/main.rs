@@ -77,6 +77,7 @@ fn main() {
         max_model_len: cli.max_model_len,
         token_delay: Duration::from_millis(cli.token_delay_ms),
         healthy: AtomicBool::new(!cli.start_unhealthy),
+        fault_status: AtomicU64::new(0),
         cache: Mutex::new(cache::PrefixCache::new(cli.block_size, cli.cache_blocks)),
         records: Mutex::new(VecDeque::new()),
         last_body: Mutex::new(bytes::Bytes::new()),

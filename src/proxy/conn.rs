@@ -1,0 +1,269 @@
+//! Client connections: how many may be open, how long a request head may take, and draining.
+//!
+//! Pingora bounds a request head only per read (a client sending one byte every 50 s holds its
+//! connection forever) and counts no connections. [`Frontend`] wraps the proxy app and runs the
+//! HTTP/1.1 keep-alive loop itself — the same steps as pingora's `ServerApp` implementation for
+//! an `HttpServerApp`, plain HTTP/1.x only (Quipu serves neither TLS nor h2c) — adding:
+//!
+//! - **A connection cap** (`server.max_connections`): a connection over it is closed as soon as
+//!   it is accepted, before anything is read; idle keep-alive connections count too. Closing
+//!   costs nothing under a flood, and a client sees a closed connection it can retry.
+//! - **A request-head deadline** (`server.header_timeout_ms`): the whole head must arrive within
+//!   it, counted from the connection's opening for its first request and from the first byte of
+//!   each later one; otherwise the connection is closed. Between requests a connection may idle
+//!   for `server.keepalive_timeout_s`.
+//! - **Draining**: once a graceful shutdown starts (SIGTERM, or the end of a graceful upgrade), a
+//!   connection waiting for its next request is closed, and one whose request has begun — even
+//!   if only part of its head arrived — is served and then closed. [`Lifecycle`] counts open
+//!   connections and requests in progress (every route, catalog included), so the drain waits
+//!   for the last one before the ledger's final flush.
+//!
+//! Pingora's own shutdown hook for the app (`http_cleanup`, which drops every connection parked
+//! in a header read, including ones halfway through a head) is deliberately not forwarded: the
+//! loop here closes idle connections itself and lets started requests finish.
+
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::Stream;
+use pingora::server::ShutdownWatch;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::{sleep_until, Instant};
+
+tokio::task_local! {
+    /// Set once the current connection's request head has been read.
+    static HEAD_READ: Arc<AtomicBool>;
+}
+
+/// Tells the connection loop that this request's head arrived (the head deadline no longer
+/// applies). Called from the proxy's first phase; a no-op outside a [`Frontend`].
+pub fn head_read() {
+    let _ = HEAD_READ.try_with(|h| h.store(true, Ordering::Relaxed));
+}
+
+/// `base + d`, or a time far beyond any deadline when that overflows (a configured timeout of
+/// `u64::MAX` ms means "never", not a panic).
+pub fn deadline(base: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 86_400);
+    base.checked_add(d)
+        .or_else(|| base.checked_add(FAR))
+        .unwrap_or(base)
+}
+
+/// What is open and in progress, for the connection cap and the drain.
+#[derive(Debug, Default)]
+pub struct Lifecycle {
+    connections: AtomicUsize,
+    requests: AtomicUsize,
+    draining: AtomicBool,
+    refused: AtomicU64,
+    refusal_logged_s: AtomicU64,
+}
+
+/// Decrements its counter when dropped (also when a request task panics or is cancelled).
+struct Held<'a>(&'a AtomicUsize);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Lifecycle {
+    /// Open client connections.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Requests between their first byte and the end of their `logging` phase, every route.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    fn open_connection(&self, max: usize) -> Option<Held<'_>> {
+        self.connections
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Held(&self.connections))
+    }
+
+    fn request_started(&self) -> Held<'_> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        Held(&self.requests)
+    }
+
+    fn note_refusal(&self, max: usize, started: std::time::Instant) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        // At most one line a second: a flood must not become a flood of log lines.
+        let now_s = started.elapsed().as_secs() + 1;
+        let last = self.refusal_logged_s.load(Ordering::Relaxed);
+        if now_s > last
+            && self
+                .refusal_logged_s
+                .compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            log::warn!(
+                "{max} client connections are open (server.max_connections); closing new ones ({n} so far)"
+            );
+        }
+    }
+}
+
+/// Limits of the connection loop, from `[server]`.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub keepalive_s: u64,
+}
+
+/// The proxy app behind a connection cap, a head deadline and a drain-aware keep-alive loop.
+pub struct Frontend<A> {
+    app: Arc<A>,
+    life: Arc<Lifecycle>,
+    limits: ConnLimits,
+    epoch: std::time::Instant,
+}
+
+impl<A> Frontend<A> {
+    pub fn new(app: A, life: Arc<Lifecycle>, limits: ConnLimits) -> Self {
+        Frontend {
+            app: Arc::new(app),
+            life,
+            limits,
+            epoch: std::time::Instant::now(),
+        }
+    }
+}
+
+/// Resolves once the server is shutting down.
+async fn shutting_down(shutdown: &mut ShutdownWatch) {
+    if shutdown.wait_for(|s| *s).await.is_err() {
+        // The server is gone: nothing will ever be served again.
+        std::future::pending::<()>().await;
+    }
+}
+
+#[async_trait::async_trait]
+impl<A> ServerApp for Frontend<A>
+where
+    A: HttpServerApp + Send + Sync + 'static,
+{
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let limits = self.limits;
+        let Some(_connection) = self.life.open_connection(limits.max_connections) else {
+            self.life.note_refusal(limits.max_connections, self.epoch);
+            return None;
+        };
+        let mut shutdown = shutdown.clone();
+        let opened = Instant::now();
+        let keepalive = Duration::from_secs(limits.keepalive_s);
+        let mut settings: Option<HttpPersistentSettings> = None;
+        let mut first = true;
+        loop {
+            // Idle until the next request's first byte: bounded by the head deadline for the
+            // first request, by the keep-alive timeout for later ones; closed on shutdown.
+            let idle_until = if first {
+                deadline(opened, limits.header_timeout)
+            } else {
+                deadline(Instant::now(), keepalive)
+            };
+            let mut byte = [0u8; 1];
+            let begun = tokio::select! {
+                biased;
+                r = stream.try_peek(&mut byte) => matches!(r, Ok(true)),
+                _ = sleep_until(idle_until) => false,
+                _ = shutting_down(&mut shutdown) => {
+                    self.life.start_draining();
+                    false
+                }
+            };
+            if !begun {
+                return None;
+            }
+            let _request = self.life.request_started();
+            let head_by = if first {
+                deadline(opened, limits.header_timeout)
+            } else {
+                deadline(Instant::now(), limits.header_timeout)
+            };
+            let mut session = ServerSession::new_http1(stream);
+            match settings.take() {
+                Some(s) => s.apply_to_session(&mut session),
+                None => session.set_keepalive(Some(limits.keepalive_s)),
+            }
+            if *shutdown.borrow() || self.life.draining() {
+                session.set_keepalive(None);
+            }
+            let head = Arc::new(AtomicBool::new(false));
+            let serve =
+                HEAD_READ.scope(head.clone(), self.app.process_new_http(session, &shutdown));
+            tokio::pin!(serve);
+            let reusable = tokio::select! {
+                r = &mut serve => r,
+                _ = sleep_until(head_by) => {
+                    if head.load(Ordering::Relaxed) {
+                        serve.await
+                    } else {
+                        log::debug!(
+                            "closing a connection whose request head took over {:?}",
+                            limits.header_timeout
+                        );
+                        return None;
+                    }
+                }
+            };
+            let (next, next_settings) = reusable?.consume();
+            stream = next;
+            settings = next_settings;
+            first = false;
+        }
+    }
+
+    // `cleanup` (pingora's `http_cleanup`) is not forwarded: see the module docs.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_never_overflows() {
+        let now = Instant::now();
+        assert_eq!(
+            deadline(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+        assert!(deadline(now, Duration::MAX) > now + Duration::from_secs(86_400 * 365));
+    }
+
+    #[test]
+    fn the_cap_counts_open_connections() {
+        let life = Lifecycle::default();
+        let a = life.open_connection(2);
+        let b = life.open_connection(2);
+        assert!(a.is_some() && b.is_some());
+        assert!(life.open_connection(2).is_none());
+        assert_eq!(life.connections(), 2);
+        drop(a);
+        assert!(life.open_connection(2).is_some());
+        drop(b);
+        assert_eq!(life.connections(), 0);
+    }
+}
