@@ -127,6 +127,8 @@ pub struct RequestCtx {
     pub upstream_time: Duration,
     /// `api`: input tokens billed if the upstream reports none (see `api::prompt_bounds`).
     pub prompt_estimate: u64,
+    /// `logging` (settlement): what the tenant was charged.
+    pub charged: Pen,
     /// `api`, with the reservation: settles the request from `Drop` if `logging` never runs
     /// (a panicking task), so metered usage is still billed. `settle` disarms it.
     settlement_fallback: Option<SettlementFallback>,
@@ -255,6 +257,7 @@ fn settle_money(
         input_estimated,
     });
     ctx.usage = Some(usage);
+    ctx.charged = charge;
     Some((p, model_id, usage, charge))
 }
 
@@ -283,6 +286,7 @@ impl Default for RequestCtx {
             attempts: 0,
             upstream_time: Duration::ZERO,
             prompt_estimate: 0,
+            charged: Pen::ZERO,
             settlement_fallback: None,
             in_flight: None,
         }
@@ -440,9 +444,7 @@ impl Gateway {
                 u.prompt_tokens,
                 u.cached(),
                 u.completion_tokens,
-                ctx.model
-                    .map(|i| self.config.models[i].prices.charge(u.uncached_input(), u.cached(), u.completion_tokens).to_decimal())
-                    .unwrap_or_else(|| "0.00".into()),
+                ctx.charged.to_decimal(),
                 elapsed.as_secs_f64() * 1000.0,
                 ctx.ttft.map_or("-".into(), |t| format!("{:.3}", t.as_secs_f64() * 1000.0)),
                 ctx.model

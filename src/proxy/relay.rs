@@ -44,6 +44,7 @@ use crate::translate::{
 };
 use crate::upstream::client::{self, Call, Read, SendError, UpstreamResponse};
 use crate::upstream::{block_hashes, ReplicaGuard};
+use crate::usage::{usage_of_completion, Usage};
 use bytes::Bytes;
 use pingora::proxy::Session;
 use std::time::Instant;
@@ -129,6 +130,9 @@ async fn send<'g>(
                 ctx.upstream_time += started.elapsed();
                 ctx.outcome = "client_disconnected";
                 m().client_disconnects.with_label_values(&[ctx.route.as_str()]).inc();
+                // The upstream has the request (a non-streamed answer's header comes with its
+                // body): bill its input, estimated, as a stream cut before its first chunk is.
+                ctx.usage = Some(Usage::default());
                 return Ok(Sent::Done);
             }
         };
@@ -262,6 +266,10 @@ pub async fn completion(
                 .with_label_values(&[ctx.route.as_str()])
                 .inc();
             resp.finish(&gw.connector).await;
+            // The upstream accepted the request and worked on it until the cancel; its report
+            // never comes. Bill the input (`settle` estimates it when none was reported), no
+            // output: nothing was delivered.
+            ctx.usage = Some(Usage::default());
             return Ok(());
         };
         let body = match read {
@@ -293,6 +301,8 @@ pub async fn completion(
                 respond::json(session, ctx, 200, Bytes::from(out), None).await
             }
             Err(e) => {
+                // The tokens were spent even though the answer is unusable: bill them.
+                ctx.usage = usage_of_completion(&body);
                 ctx.outcome = "upstream_error";
                 respond::error(session, ctx, ctx.format, &e).await
             }

@@ -358,3 +358,47 @@ def test_a_charge_never_exceeds_its_reservation(workdir):
     finally:
         gw.stop()
         sim.stop()
+
+
+def test_non_streamed_requests_that_fail_late_are_still_billed(billing):
+    """Two ways the upstream spends tokens without the client getting an answer, and what is
+    billed: a client that hangs up while a non-streamed answer is generated (its input, as
+    estimated at admission, no output: nothing was delivered), and an upstream answer that
+    cannot be translated (`abort` in the messages format: the tokens it reports)."""
+    gw, sim = billing
+    _, key = gw.new_tenant("late")
+    before = ledger_rows(gw)
+
+    # 1. The client leaves while the upstream is still working on a non-streamed answer.
+    messages = [{"role": "user", "content": "espera [[sim: tokens=5 body_ms=1500]]"}]
+    conn = raw_connection(gw)
+    conn.request("POST", "/v1/chat/completions",
+                 json.dumps({"model": "colibri", "max_tokens": 50, "messages": messages}),
+                 {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    time.sleep(0.4)  # the upstream has the request
+    conn.sock.close()
+    conn.close()
+
+    # 2. The upstream answers, but with a generation it aborted: an error to the client.
+    since = sim.stats()["seq"]
+    status, body, hdrs = http_json(
+        "POST", gw.base + "/v1/messages",
+        {"model": "aguila", "max_tokens": 50, "messages": [{"role": "user", "content": "hola [[sim: tokens=6 abort]]"}]},
+        {"x-api-key": key, "anthropic-version": "2023-06-01"},
+    )
+    assert status >= 500 and body["type"] == "error", (status, body)
+    rec = next(r for r in sim.requests(since) if r["request_id"] == hdrs["request-id"])
+
+    rows = wait_ledger(gw, len(before) + 2)
+    new = {k: v for k, v in rows.items() if k not in before}
+    assert len(new) == 2, new
+    cut = next(r for r in new.values() if r["status"] == "client_disconnected")
+    assert cut["input_tokens"] == prompt_estimate(messages) and cut["input_estimated"] == 1, cut
+    assert cut["output_tokens"] == 0
+    assert Decimal(-cut["delta"]) / Decimal(10**12) == charge("colibri", cut["input_tokens"], 0, 0) > 0
+    aborted = rows[hdrs["request-id"]]
+    assert aborted["status"] == "upstream_error"
+    assert (aborted["input_tokens"], aborted["output_tokens"]) == (rec["prompt_tokens"], rec["completion_tokens"])
+    assert rec["completion_tokens"] > 0
+    assert Decimal(-aborted["delta"]) / Decimal(10**12) == charge(
+        "aguila", rec["prompt_tokens"], rec["cached_tokens"], rec["completion_tokens"])

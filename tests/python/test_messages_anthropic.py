@@ -127,7 +127,8 @@ def test_errors_raise_the_sdk_classes(gw, tenant):
         gw, key, 400, anthropic.BadRequestError, model="colibri",
         messages=[{"role": "user", "content": "[[sim: overflow]]"}],
     )
-    assert re.fullmatch(r"prompt is too long: \d+ tokens > \d+ maximum", e.body["error"]["message"])
+    m = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", e.body["error"]["message"])
+    assert m and int(m.group(1)) > int(m.group(2)), e.body["error"]["message"]
     e = expect_status(
         gw, key, 529, anthropic.OverloadedError, model="colibri",
         messages=[{"role": "user", "content": "[[sim: status=503]]"}],

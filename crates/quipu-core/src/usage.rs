@@ -83,9 +83,40 @@ impl UpstreamUsage {
     }
 }
 
+/// The usage of a non-streamed completion body, read on its own: for billing a response whose
+/// translation failed (malformed tool arguments, an aborted generation), where the tokens were
+/// still spent. `None` if the body is not JSON or carries no usage.
+pub fn usage_of_completion(body: &[u8]) -> Option<Usage> {
+    #[derive(Deserialize)]
+    struct Counts {
+        #[serde(default)]
+        usage: Option<UpstreamUsage>,
+        #[serde(default)]
+        timings: Option<UpstreamTimings>,
+    }
+    let c: Counts = serde_json::from_slice(body).ok()?;
+    c.usage.map(|u| u.to_usage(c.timings.as_ref()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_of_a_body_whose_content_is_unusable() {
+        let body = br#"{"id":"x","choices":[{"index":0,"finish_reason":"abort","message":{"content":null}}],
+            "usage":{"prompt_tokens":15,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        assert_eq!(
+            usage_of_completion(body),
+            Some(Usage {
+                prompt_tokens: 15,
+                cached_tokens: 4,
+                completion_tokens: 3
+            })
+        );
+        assert_eq!(usage_of_completion(br#"{"choices":[]}"#), None);
+        assert_eq!(usage_of_completion(b"not json"), None);
+    }
 
     #[test]
     fn cached_is_part_of_prompt() {

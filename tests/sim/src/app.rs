@@ -230,9 +230,16 @@ impl Sim {
             rec.status = 400;
             rec.prompt_tokens = prompt;
             ctx.record = Some(rec);
+            // The `overflow` directive stands for a prompt that alone exceeds the window: the
+            // error reports such a prompt, as a real server would (the true count is tiny).
+            let reported = if d.overflow {
+                prompt + self.max_model_len
+            } else {
+                prompt
+            };
             let e = self
                 .shape
-                .overflow(prompt, requested.unwrap_or(0), self.max_model_len);
+                .overflow(reported, requested.unwrap_or(0), self.max_model_len);
             return respond_json(session, 400, &e).await;
         }
         let max_tokens = requested.unwrap_or(self.max_model_len - prompt);
