@@ -7,7 +7,9 @@
 //! - **in-flight counts** per replica (an RAII [`ReplicaGuard`] per attempt), for least-loaded
 //!   selection — pingora 0.9 has no least-connections algorithm;
 //! - **passive ejection**: after `max_failures` consecutive failed attempts a replica is skipped
-//!   until an ejection period passes (then tried again), on top of the health checks;
+//!   until an ejection period passes (then tried again), on top of the health checks — unless
+//!   every replica that passes its health checks is ejected, when they are used anyway rather
+//!   than refusing every request (ejection never takes a whole healthy pool out);
 //!   `quipu_upstream_healthy` is 1 when the last health check passed and no ejection is running,
 //!   recomputed on every check, ejection and success (so it returns to 1 when an ejection ends,
 //!   with or without traffic);
@@ -352,9 +354,20 @@ impl ModelPool {
     /// Picks a replica not in `exclude`, or `None` if none is available. `prompt_blocks` are the
     /// request's [`block_hashes`] (empty unless the pool routes by prefix affinity).
     pub fn pick(&self, prompt_blocks: &[u64], exclude: &[usize]) -> Option<ReplicaGuard<'_>> {
-        let candidates: Vec<usize> = (0..self.replicas.len())
+        let mut candidates: Vec<usize> = (0..self.replicas.len())
             .filter(|i| !exclude.contains(i) && self.is_available(*i))
             .collect();
+        if candidates.is_empty() {
+            // Every replica that passes its health checks is ejected: ejection is a preference
+            // built from per-request failures (a 503 for one overloaded moment), not a verdict,
+            // so rather than refuse everything, use them anyway (Envoy's "panic routing").
+            // Replicas that fail their health checks stay out.
+            candidates = (0..self.replicas.len())
+                .filter(|i| {
+                    !exclude.contains(i) && self.backends().ready(&self.replicas[*i].backend)
+                })
+                .collect();
+        }
         if candidates.is_empty() {
             return None;
         }
@@ -492,7 +505,17 @@ mod tests {
         drop(g);
         assert!(!p.is_available(1));
         assert_eq!(p.pick(&[], &[]).unwrap().index, 0);
-        assert!(p.pick(&[], &[0]).is_none());
+        // The only replica left is ejected but passes its health checks: used anyway.
+        assert_eq!(p.pick(&[], &[0]).unwrap().index, 1);
+        assert!(p.pick(&[], &[0, 1]).is_none());
+        // Both ejected: still served, by the least loaded.
+        let g = p.pick(&[], &[1]).unwrap();
+        for _ in 0..3 {
+            g.failed("status_503");
+        }
+        drop(g);
+        assert!(!p.is_available(0) && !p.is_available(1));
+        assert!(p.pick(&[], &[]).is_some());
     }
 
     #[test]
