@@ -825,9 +825,14 @@ impl Render for LedgerImport {
     fn text(&self) -> String {
         let mut out = String::new();
         for f in &self.files {
+            let renamed = if f.renamed_to == f.file {
+                String::new()
+            } else {
+                format!(" Renamed to {}.", f.renamed_to)
+            };
             out.push_str(&format!(
                 "{}: {} rows. {} new, charged {} (exact {}); {} already in the ledger, nothing \
-                 charged for them; {} rejected. Renamed to {}.\n",
+                 charged for them; {} rejected.{renamed}\n",
                 f.file,
                 f.rows,
                 f.new.len(),
@@ -835,7 +840,6 @@ impl Render for LedgerImport {
                 f.charged,
                 f.duplicate.len(),
                 f.rejected.len(),
-                f.renamed_to
             ));
             for t in &f.per_tenant {
                 out.push_str(&format!(
@@ -1282,6 +1286,71 @@ mod tests {
         assert_eq!(list.tenants[0].balance, "1234.56");
         assert_eq!(list.tenants[0].active_keys, 0);
         assert!(list.text().contains("S/ 1,234.56"));
+    }
+
+    #[tokio::test]
+    async fn ledger_import_checks_every_file_first_and_sets_refused_rows_aside() {
+        let s = mem().await;
+        let t = create_tenant(&*s, "acme").await.unwrap().id;
+        top_up(&*s, "acme", "10.00", "", min(), None).await.unwrap();
+        let dir = std::env::temp_dir().join(format!(
+            "quipu-ops-import-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let row = |id: &str, tenant: TenantId, picos: i128| LedgerRow {
+            request_id: id.into(),
+            at: store::now_ms(),
+            tenant_id: tenant,
+            key_id: "key_x".into(),
+            model: "apu".into(),
+            format: "chat".into(),
+            input_tokens: 3,
+            cached_tokens: 0,
+            output_tokens: 4,
+            charge: Pen::from_picos(picos),
+            status: "ok".into(),
+            http_status: 200,
+            unbilled: Pen::ZERO,
+            input_estimated: false,
+        };
+        let good = spill::write(&dir, "r~1", &[row("a", t, 1_000), row("orphan", 404, 5)]).unwrap();
+        let damaged = dir.join("ledger-spill-damaged.jsonl");
+        std::fs::write(&damaged, "{\"replica\":\"r\"}\n").unwrap();
+
+        // A damaged file fails the command before anything of any file is written.
+        let e = import_ledger(&*s, &[good.clone(), damaged.clone()])
+            .await
+            .unwrap_err();
+        assert!(e.message().contains("ledger-spill-damaged.jsonl:1"), "{e}");
+        assert!(s.ledger_rows(None).await.unwrap().is_empty());
+        assert!(good.exists());
+
+        let done = import_ledger(&*s, std::slice::from_ref(&good))
+            .await
+            .unwrap();
+        assert_eq!(done.files[0].new, vec!["a".to_owned()]);
+        assert_eq!(done.files[0].rejected[0].request_id, "orphan");
+        assert_eq!(done.totals.charged, "0.000000001");
+        let text = done.text();
+        assert!(
+            text.contains("1 new") && text.contains("1 rejected"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ledger_rejects") && text.contains("Renamed to"),
+            "{text}"
+        );
+        assert_eq!(s.rejected_rows().await.unwrap()[0].request_id, "orphan");
+        assert_eq!(
+            s.balance(t).await.unwrap().balance,
+            Pen::from_centimos(1000) - Pen::from_picos(1_000)
+        );
+        let json = serde_json::to_value(&done).unwrap();
+        assert_eq!(json["files"][0]["per_tenant"][0]["charged"], "0.000000001");
+        let e = import_ledger(&*s, &[]).await.unwrap_err();
+        assert!(e.message().contains("quipu ledger import"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
