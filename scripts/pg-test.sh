@@ -7,6 +7,9 @@
 #
 #   scripts/pg-test.sh run -- cargo test --release --test store_suite   # the three in one
 #
+#   scripts/pg-test.sh pause [DIR]    # stops the server, keeps its files (a database that is down)
+#   scripts/pg-test.sh resume [DIR]   # starts it again on the same port
+#
 # The server lives in a fresh temporary directory (data, log and its unix socket), listens on a
 # free port of 127.0.0.1 only, trusts local connections (no password: it holds nothing but test
 # data) and runs with fsync off (speed; durability is not what these tests check). As root it
@@ -49,6 +52,13 @@ pick_user() {
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+pg_start() {
+  local bin=$1 dir=$2 port=$3
+  "${run_as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+    start >/dev/null 2>&1
+}
+
 start() {
   local bin dir port tries=0
   bin=$(find_bin)
@@ -62,13 +72,12 @@ start() {
   while :; do
     tries=$((tries + 1))
     [ "$tries" -le 20 ] || die "could not start PostgreSQL on a free port; see $dir/server.log"
-    if port_free "$port" && "${run_as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 30 \
-        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
-        start >/dev/null 2>&1; then
+    if port_free "$port" && pg_start "$bin" "$dir" "$port"; then
       break
     fi
     port=$(( 20000 + RANDOM % 20000 ))
   done
+  echo "$port" >"$dir/port"
   printf '%s\n%s\n%s\n' "$dir" "$bin" "$pg_user" >"$state_file"
   echo "pg-test.sh: PostgreSQL running in $dir on 127.0.0.1:$port; stop it with: scripts/pg-test.sh stop" >&2
   echo "export QUIPU_TEST_PG_URL='postgres://postgres@127.0.0.1:$port/postgres'"
@@ -92,9 +101,38 @@ stop() {
   echo "pg-test.sh: stopped and removed $dir" >&2
 }
 
+# The directory of a running (or paused) test server: $1, $QUIPU_TEST_PG_DIR or the last started.
+server_dir() {
+  local dir="${1:-${QUIPU_TEST_PG_DIR:-}}"
+  if [ -z "$dir" ] && [ -f "$state_file" ]; then dir=$(sed -n 1p "$state_file"); fi
+  [ -n "$dir" ] && [ -d "$dir/data" ] || die "no test server (pass its directory or set QUIPU_TEST_PG_DIR)"
+  echo "$dir"
+}
+
+pause() {
+  local dir bin
+  dir=$(server_dir "${1:-}")
+  bin=$(find_bin)
+  pick_user
+  "${run_as[@]}" "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1 ||
+    die "could not stop the server in $dir; see $dir/server.log"
+}
+
+resume() {
+  local dir bin
+  dir=$(server_dir "${1:-}")
+  [ -f "$dir/port" ] || die "$dir/port is missing: was this server started by pg-test.sh start?"
+  bin=$(find_bin)
+  pick_user
+  pg_start "$bin" "$dir" "$(cat "$dir/port")" ||
+    die "could not start the server in $dir again; see $dir/server.log"
+}
+
 case "${1:-start}" in
   start) start ;;
   stop) shift || true; stop "${1:-}" ;;
+  pause) shift || true; pause "${1:-}" ;;
+  resume) shift || true; resume "${1:-}" ;;
   run)
     shift
     [ "${1:-}" = "--" ] && shift
@@ -107,5 +145,5 @@ case "${1:-start}" in
     set -e
     exit "$status"
     ;;
-  *) die "usage: scripts/pg-test.sh [start | stop [DIR] | run -- COMMAND…]" ;;
+  *) die "usage: scripts/pg-test.sh [start | stop [DIR] | pause [DIR] | resume [DIR] | run -- COMMAND…]" ;;
 esac

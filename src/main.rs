@@ -52,6 +52,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ledger maintenance.
+    #[command(subcommand)]
+    Ledger(LedgerCmd),
     /// A tenant's statement: tokens and soles per model, top-ups, balance.
     Statement {
         #[arg(long)]
@@ -79,6 +82,22 @@ struct ServeArgs {
     /// Run in the background.
     #[arg(long, short = 'd')]
     daemon: bool,
+}
+
+#[derive(Subcommand)]
+enum LedgerCmd {
+    /// Import ledger spill files (written at a shutdown when the store was unreachable, in
+    /// store.spill_dir): their rows are written as the gateway would have written them, each
+    /// charge applied once; a row whose request id is already in the ledger is skipped, so
+    /// importing a file twice charges nothing twice. Each imported file is renamed to
+    /// FILE.imported.
+    Import {
+        /// Spill files (ledger-spill-*.jsonl).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -258,6 +277,11 @@ fn main() -> ExitCode {
                     idempotency_key.as_deref(),
                 )
                 .await
+            })
+        }
+        Command::Ledger(LedgerCmd::Import { files, json }) => {
+            run_op(&config, json, move |s| async move {
+                ops::import_ledger(s.as_ref(), &files).await
             })
         }
         Command::Statement {

@@ -229,7 +229,7 @@ impl Metrics {
             ),
             ledger_rows: counter(
                 "quipu_ledger_rows_total",
-                "Ledger rows written (new), skipped as already recorded (duplicate), or refused as invalid and moved to the dead-letter table (rejected)",
+                "Ledger rows written (new), skipped as already recorded (duplicate), refused as invalid and moved to the dead-letter table (rejected), or written to a spill file at a shutdown with the store unreachable (spilled)",
                 &["result"],
             ),
             keys_active: IntGauge::new("quipu_keys_active", "Active API keys in the snapshot")

@@ -10,8 +10,10 @@
 //! even one whose head is still arriving — are served with `Connection: close` (see
 //! [`crate::proxy::conn`]). Once no connection has been open for a short quiet period (at most
 //! the configured grace period), every request has settled and queued its ledger row: Quipu then
-//! stops the ledger writer, which writes what is queued, returns its balance leases and exits —
-//! without sleeping out the rest of the grace period.
+//! stops the ledger writer, which writes what is queued (with the store unreachable, it retries
+//! for `store.shutdown_flush_timeout_s`, then writes the rest to a spill file for `quipu ledger
+//! import`), returns its balance leases (best effort) and exits — without sleeping out the rest
+//! of the grace period. At start, spill files not yet imported are named in a warning.
 
 use crate::auth::KeySnapshot;
 use crate::billing::{ledger, Accounts};
@@ -125,6 +127,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
                 redact_url(&config.store.url)
             )
         })?;
+    warn_about_spill_files(&config.store.spill_dir);
     let keys = Arc::new(KeySnapshot::new(config.models.len()));
     billing_rt
         .block_on(keys.refresh(store.as_ref()))
@@ -143,6 +146,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         accounts.clone(),
         config.store.ledger_flush,
         config.store.ledger_batch_rows,
+        ledger::ShutdownPolicy::of(&config.store),
     );
     let (writer_stop_tx, writer_stop_rx) = tokio::sync::watch::channel(false);
     let writer_task = billing_rt.spawn(writer.run(writer_stop_rx));
@@ -311,6 +315,43 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     Ok(())
 }
 
+/// Logs a warning naming the ledger spill files of an earlier shutdown that are still to be
+/// imported. Importing is the operator's decision (`quipu ledger import`), never automatic.
+fn warn_about_spill_files(dir: &std::path::Path) {
+    let names = |files: &[std::path::PathBuf]| {
+        files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    match crate::billing::spill::pending(dir) {
+        Ok((complete, incomplete)) => {
+            if !complete.is_empty() {
+                log::warn!(
+                    "{} ledger spill file(s) from an earlier shutdown with the store unreachable \
+                     are not imported: their charges are not in the tenants' balances. Import them \
+                     (idempotent: a row already in the ledger is skipped) with: quipu ledger import {}",
+                    complete.len(),
+                    names(&complete)
+                );
+            }
+            if !incomplete.is_empty() {
+                log::warn!(
+                    "incomplete ledger spill file(s) (a process died while writing them): {}; \
+                     check their lines and import the complete ones with quipu ledger import \
+                     (rename the file first)",
+                    names(&incomplete)
+                );
+            }
+        }
+        Err(e) => log::warn!(
+            "cannot look for ledger spill files in store.spill_dir {}: {e}",
+            dir.display()
+        ),
+    }
+}
+
 /// Waits until no client connection (and so no request of any route) has been open for
 /// [`DRAIN_QUIET`], or the grace period is over; returns whether it drained.
 fn wait_for_drain(life: &Lifecycle, in_flight: &AtomicUsize, grace: Duration) -> bool {
@@ -341,8 +382,12 @@ struct Finisher {
     accounts: Arc<Accounts>,
     replica: String,
     writer_stop: tokio::sync::watch::Sender<bool>,
-    writer_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    writer_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<usize>>>,
 }
+
+/// Most time a shutdown spends returning this replica's leases (best effort: a lease not
+/// returned is reclaimed by another replica, or at this replica's next start).
+const LEASE_RETURN_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Finisher {
     fn finish(&self) {
@@ -351,20 +396,42 @@ impl Finisher {
         };
         let _ = self.writer_stop.send(true);
         let totals = self.accounts.totals();
-        self.rt.block_on(async {
-            if let Err(e) = task.await {
-                log::error!("the ledger writer failed: {e}");
-            }
+        let unstored = self.rt.block_on(async {
+            let unstored = match task.await {
+                Ok(n) => n,
+                Err(e) => {
+                    log::error!("the ledger writer failed: {e}");
+                    0
+                }
+            };
             if totals.open == 0 {
-                if let Err(e) = self.store.drop_leases(&self.replica).await {
-                    log::warn!("could not return this replica's leases: {e}");
+                let returned = tokio::time::timeout(
+                    LEASE_RETURN_TIMEOUT,
+                    self.store.drop_leases(&self.replica),
+                )
+                .await;
+                match returned {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => log::warn!("could not return this replica's leases: {e}"),
+                    Err(_) => log::warn!(
+                        "could not return this replica's leases within {LEASE_RETURN_TIMEOUT:?}"
+                    ),
                 }
             }
+            unstored
         });
-        log::info!(
-            "ledger flushed; {} reservations were still open",
-            totals.open
-        );
+        if unstored == 0 {
+            log::info!(
+                "ledger flushed; {} reservations were still open",
+                totals.open
+            );
+        } else {
+            log::error!(
+                "ledger NOT fully flushed: {unstored} rows were spilled (see above); {} \
+                 reservations were still open",
+                totals.open
+            );
+        }
     }
 }
 

@@ -210,6 +210,7 @@ store_suite!(
     a_lease_unconfirmed_past_the_fence_admits_nothing,
     returning_an_idle_lease_never_races_an_admission,
     a_dry_tenant_costs_one_lease_call_not_one_per_refusal,
+    a_store_down_at_shutdown_spills_and_the_import_charges_once,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -1371,4 +1372,140 @@ async fn a_dry_tenant_costs_one_lease_call_not_one_per_refusal(fx: &Fixture) {
         assert!(matches!(e, Refusal::StoreUnavailable(_)), "{e:?}");
     }
     assert_eq!(s.grants.load(Ordering::SeqCst), 3, "asked once while down");
+}
+
+async fn a_store_down_at_shutdown_spills_and_the_import_charges_once(fx: &Fixture) {
+    use quipu::billing::{ledger, spill};
+    let s = Rigged::new(fx.open().await);
+    let t = tenant_with(&*s, "acme", "10.00").await;
+    let u = tenant_with(&*s, "beta", "10.00").await;
+    let dir = std::env::temp_dir().join(unique("quipu-spill"));
+    let a = Accounts::new(s.clone(), "replica-a".into(), soles("5.00"), FENCE);
+    drop(a.reserve(t, soles("1.00")).await.unwrap());
+    assert_eq!(s.balance(t).await.unwrap().leased, soles("5.00"));
+    let timeout = Duration::from_millis(600);
+    let (handle, writer) = ledger::channel(
+        s.clone(),
+        a.clone(),
+        Duration::from_millis(5),
+        2,
+        ledger::ShutdownPolicy {
+            flush_timeout: timeout,
+            spill_dir: dir.clone(),
+        },
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(writer.run(stop_rx));
+    let now = store::now_ms();
+    let stored = row("stored", t, now, "apu", soles("0.5"));
+    handle.record(stored.clone());
+    while handle.queued() > 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // The store goes away; requests keep settling; then the shutdown.
+    s.down.store(true, Ordering::SeqCst);
+    let mut lost = Vec::new();
+    for (i, picos) in [1, 999_999_999_999, 250_000_000_000, 7, 1_000_000]
+        .iter()
+        .enumerate()
+    {
+        let mut r = row(
+            &format!("down-{i}"),
+            t,
+            now + i as i64,
+            "colibri",
+            Pen::from_picos(*picos),
+        );
+        r.input_estimated = i % 2 == 0;
+        r.unbilled = Pen::from_picos(*picos / 3);
+        r.status = if i == 3 { "client_disconnected" } else { "ok" }.into();
+        handle.record(r.clone());
+        lost.push(r);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopped_at = std::time::Instant::now();
+    stop_tx.send(true).unwrap();
+    let Ok(joined) = tokio::time::timeout(Duration::from_secs(10), task).await else {
+        panic!("the writer did not give up on the store within its shutdown timeout");
+    };
+    let unstored = joined.unwrap();
+    let took = stopped_at.elapsed();
+    assert_eq!(unstored, lost.len());
+    assert!(
+        took >= timeout - Duration::from_millis(50) && took < timeout + Duration::from_secs(2),
+        "{took:?}"
+    );
+    let (files, incomplete) = spill::pending(&dir).unwrap();
+    assert!(incomplete.is_empty());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let spilled = spill::read(&files[0]).unwrap();
+    assert!(spilled.iter().all(|x| x.replica == "replica-a"));
+    let mut rows: Vec<LedgerRow> = spilled.into_iter().map(|x| x.row).collect();
+    rows.sort_by(|x, y| x.request_id.cmp(&y.request_id));
+    assert_eq!(rows, lost, "the spill file holds exactly the unstored rows");
+    s.down.store(false, Ordering::SeqCst);
+    assert_eq!(s.balance(t).await.unwrap().balance, soles("9.5"));
+
+    // A second file, by a replica whose lease is gone (reclaimed or dropped at its restart),
+    // with a row the store already has: only the balance moves, no other replica's lease.
+    assert_eq!(
+        s.acquire_lease("replica-gone", u, soles("3"))
+            .await
+            .unwrap(),
+        soles("3")
+    );
+    s.drop_leases("replica-gone").await.unwrap();
+    assert_eq!(
+        s.acquire_lease("replica-b", u, soles("2")).await.unwrap(),
+        soles("2")
+    );
+    let gone_rows = vec![
+        row("gone-1", u, now, "apu", soles("1.25")),
+        stored.clone(),
+        row("gone-2", u, now, "apu", Pen::from_picos(3)),
+    ];
+    let gone = spill::write(&dir, "replica-gone", &gone_rows).unwrap();
+
+    let spent: Pen = lost.iter().map(|r| r.charge).sum();
+    let report = quipu::ops::import_ledger(&*s, &[files[0].clone(), gone.clone()])
+        .await
+        .unwrap();
+    assert_eq!(report.totals.new, 7);
+    assert_eq!(report.totals.duplicate, 1);
+    assert_eq!(report.files[1].duplicate, vec!["stored".to_owned()]);
+    assert_eq!(
+        report.totals.charged,
+        (spent + soles("1.25") + Pen::from_picos(3)).to_decimal()
+    );
+    let bt = s.balance(t).await.unwrap();
+    assert_eq!(bt.balance, soles("9.5") - spent);
+    // replica-a's lease still held the money those requests spent: it drops as it would have.
+    assert_eq!(bt.leased, soles("4.5") - spent);
+    let bu = s.balance(u).await.unwrap();
+    assert_eq!(bu.balance, soles("10") - soles("1.25") - Pen::from_picos(3));
+    assert_eq!(bu.leased, soles("2"), "replica-b's lease is untouched");
+    let mut all = s.ledger_rows(Some(t)).await.unwrap();
+    all.sort_by(|x, y| x.request_id.cmp(&y.request_id));
+    let mut expected = lost.clone();
+    expected.push(stored);
+    assert_eq!(
+        all, expected,
+        "every field of every row as the gateway made it"
+    );
+    assert!(!files[0].exists() && spill::imported_name(&files[0]).exists());
+    assert!(spill::pending(&dir).unwrap().0.is_empty());
+
+    // Importing again adds nothing.
+    let again = quipu::ops::import_ledger(
+        &*s,
+        &[spill::imported_name(&files[0]), spill::imported_name(&gone)],
+    )
+    .await
+    .unwrap();
+    assert_eq!((again.totals.new, again.totals.duplicate), (0, 8));
+    assert_eq!(again.totals.charged, "0.00");
+    assert_eq!(s.balance(t).await.unwrap(), bt);
+    assert_eq!(s.balance(u).await.unwrap(), bu);
+    let _ = std::fs::remove_dir_all(&dir);
 }

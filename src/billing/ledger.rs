@@ -14,19 +14,29 @@
 //! operator to settle by hand. Only transient failures are retried.
 //!
 //! Durability: a graceful shutdown (SIGTERM, or the end of a graceful upgrade) drains the queue
-//! before the process exits. A crash loses at most the rows of the last `flush_interval`
-//! (50 ms by default) plus, while the store is unreachable, the rows queued meanwhile.
+//! before the process exits. If the store cannot be reached then, the writer keeps retrying for
+//! `store.shutdown_flush_timeout_s` after the stop signal, then writes every row it could not
+//! store to a spill file (see [`super::spill`]), logs an error naming the file and the command
+//! that imports it (`quipu ledger import FILE`), counts the rows
+//! (`quipu_ledger_rows_total{result="spilled"}`) and lets the shutdown go on: a store that is
+//! down never holds a SIGTERM up until the supervisor's SIGKILL, which would lose the queue. A
+//! crash loses at most the rows of the last `flush_interval` (50 ms by default) plus, while the
+//! store is unreachable, the rows queued meanwhile.
 
 use super::accounts::Accounts;
+use super::spill;
 use crate::metrics::m;
 use crate::money::Pen;
 use crate::store::StoreError;
 use crate::store::{LedgerRow, Store, TenantId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// Rows waiting for the writer. A plain vector under a mutex: the request path pushes (tens of
 /// nanoseconds, no wake-up of another thread), the writer swaps the vector out on its tick.
@@ -66,6 +76,24 @@ impl LedgerHandle {
     }
 }
 
+/// What the writer does at shutdown when the store cannot be reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShutdownPolicy {
+    /// How long after the stop signal the writer keeps retrying the store.
+    pub flush_timeout: Duration,
+    /// Where the rows it could not store then go (see [`super::spill`]).
+    pub spill_dir: PathBuf,
+}
+
+impl ShutdownPolicy {
+    pub fn of(store: &crate::config::Store) -> ShutdownPolicy {
+        ShutdownPolicy {
+            flush_timeout: store.shutdown_flush_timeout,
+            spill_dir: store.spill_dir.clone(),
+        }
+    }
+}
+
 /// The writer half. Run [`LedgerWriter::run`] on a runtime that outlives the proxy.
 pub struct LedgerWriter {
     queue: Arc<Queue>,
@@ -73,6 +101,23 @@ pub struct LedgerWriter {
     accounts: Arc<Accounts>,
     flush_interval: Duration,
     batch_rows: usize,
+    shutdown: ShutdownPolicy,
+    /// The stop signal, once [`LedgerWriter::run`] has it.
+    stop: Option<watch::Receiver<bool>>,
+    /// When the writer stops retrying: set when it first sees the stop signal.
+    give_up_at: Mutex<Option<tokio::time::Instant>>,
+    /// The deadline passed: every row not yet stored goes to `unstored` without a try.
+    out_of_time: AtomicBool,
+    /// Rows given up on at shutdown, for the spill file.
+    unstored: Mutex<Vec<LedgerRow>>,
+}
+
+/// Why a write did not happen.
+enum Failure {
+    /// The store refused it for good (the row, or a row of the batch, can never be written).
+    Refused(StoreError),
+    /// The shutdown deadline passed while the store was unreachable.
+    OutOfTime,
 }
 
 pub fn channel(
@@ -80,6 +125,7 @@ pub fn channel(
     accounts: Arc<Accounts>,
     flush_interval: Duration,
     batch_rows: usize,
+    shutdown: ShutdownPolicy,
 ) -> (LedgerHandle, LedgerWriter) {
     let queue = Arc::new(Queue::default());
     (
@@ -92,14 +138,21 @@ pub fn channel(
             accounts,
             flush_interval,
             batch_rows,
+            shutdown,
+            stop: None,
+            give_up_at: Mutex::new(None),
+            out_of_time: AtomicBool::new(false),
+            unstored: Mutex::new(Vec::new()),
         },
     )
 }
 
 impl LedgerWriter {
-    /// Writes what has queued every flush interval until `stop` turns true; then writes
-    /// whatever is still queued and returns.
-    pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+    /// Writes what has queued every flush interval until `stop` turns true (or its sender is
+    /// dropped); then writes whatever is still queued and returns how many rows it could not
+    /// store (they are in a spill file, or failing that in the error log; see the module docs).
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> usize {
+        self.stop = Some(stop.clone());
         let mut tick = tokio::time::interval(self.flush_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -112,9 +165,126 @@ impl LedgerWriter {
                 // Requests still settling after the signal (the drain watcher waits for them)
                 // land here on the last pass.
                 self.drain().await;
-                return;
+                return self.spill();
             }
         }
+    }
+
+    /// Whether shutdown has started.
+    fn stopping(&self) -> bool {
+        self.stop
+            .as_ref()
+            .is_some_and(|rx| *rx.borrow() || rx.has_changed().is_err())
+    }
+
+    /// Resolves once shutdown has started (never, outside [`LedgerWriter::run`]).
+    async fn stopped(&self) {
+        match self.stop.clone() {
+            Some(mut rx) => {
+                // An error means the sender is gone: that is a stop too.
+                let _ = rx.wait_for(|s| *s).await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// When to give up on the store: `None` until shutdown starts, then the stop signal (as
+    /// first seen) plus the flush timeout.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        if !self.stopping() {
+            return None;
+        }
+        let timeout = self.shutdown.flush_timeout;
+        Some(
+            *self
+                .give_up_at
+                .lock()
+                .get_or_insert_with(|| tokio::time::Instant::now() + timeout),
+        )
+    }
+
+    /// Runs a store call to its end, or once shutdown has started, until the deadline
+    /// (`None`: out of time; the call may or may not have taken effect, which the idempotent
+    /// import of the spilled rows makes harmless).
+    async fn bounded<T>(&self, call: impl Future<Output = T>) -> Option<T> {
+        tokio::pin!(call);
+        if self.deadline().is_none() {
+            tokio::select! {
+                r = &mut call => return Some(r),
+                () = self.stopped() => {}
+            }
+        }
+        let at = self.deadline()?;
+        tokio::time::timeout_at(at, call).await.ok()
+    }
+
+    /// Waits `backoff` before a retry (cut short by the stop signal); false when the shutdown
+    /// deadline has passed and the writer must give up instead.
+    async fn pause(&self, backoff: Duration) -> bool {
+        match self.deadline() {
+            Some(at) => {
+                tokio::time::sleep_until(at.min(tokio::time::Instant::now() + backoff)).await;
+                tokio::time::Instant::now() < at
+            }
+            None => {
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = self.stopped() => {}
+                }
+                true
+            }
+        }
+    }
+
+    /// Gives up on rows: they go to the spill file at the end of [`LedgerWriter::run`].
+    fn set_aside(&self, rows: Vec<LedgerRow>) {
+        self.out_of_time.store(true, Ordering::Relaxed);
+        self.unstored.lock().extend(rows);
+    }
+
+    /// Writes the rows given up on to a spill file (or, if that fails, to the error log);
+    /// returns how many there were.
+    fn spill(&self) -> usize {
+        let rows = std::mem::take(&mut *self.unstored.lock());
+        if rows.is_empty() {
+            return 0;
+        }
+        let n = rows.len();
+        m().ledger_rows
+            .with_label_values(&["spilled"])
+            .inc_by(n as u64);
+        let total: Pen = rows.iter().map(|r| r.charge).sum();
+        let replica = self.accounts.replica();
+        let dir = &self.shutdown.spill_dir;
+        let timeout = self.shutdown.flush_timeout.as_secs();
+        match spill::write(dir, replica, &rows) {
+            Ok(path) => log::error!(
+                "the store could not be reached within store.shutdown_flush_timeout_s ({timeout} s) \
+                 of the shutdown: {n} ledger rows (charges S/ {}) were NOT stored and were written \
+                 to the spill file {} instead. Their charges are not in the tenants' balances yet: \
+                 once the store is reachable, run `quipu ledger import {}` with this gateway's \
+                 configuration (importing twice never charges twice)",
+                total.to_decimal(),
+                path.display(),
+                path.display()
+            ),
+            Err(e) => {
+                log::error!(
+                    "the store could not be reached within store.shutdown_flush_timeout_s \
+                     ({timeout} s) of the shutdown, and writing the {n} unstored ledger rows \
+                     (charges S/ {}) to a spill file in {} failed: {e}. They follow, one per log \
+                     line after \"unstored ledger row: \": save what follows that prefix, one row \
+                     per line, to a file and run `quipu ledger import FILE` once the store is \
+                     reachable",
+                    total.to_decimal(),
+                    dir.display()
+                );
+                for row in &rows {
+                    log::error!("unstored ledger row: {}", spill::encode_line(replica, row));
+                }
+            }
+        }
+        n
     }
 
     async fn drain(&self) {
@@ -134,6 +304,10 @@ impl LedgerWriter {
 
     /// Writes a batch; rows that can never be written are set aside (see the module docs).
     async fn write(&self, batch: Vec<LedgerRow>) {
+        if self.out_of_time.load(Ordering::Relaxed) {
+            self.set_aside(batch);
+            return;
+        }
         let (good, bad): (Vec<LedgerRow>, Vec<LedgerRow>) = batch
             .into_iter()
             .partition(|r| crate::store::validate_row(r).is_ok());
@@ -152,13 +326,19 @@ impl LedgerWriter {
             }
             match self.write_retrying(&batch).await {
                 Ok(()) => {}
-                Err(e) if batch.len() == 1 => {
+                Err(Failure::OutOfTime) => {
+                    self.set_aside(batch);
+                    for rest in todo.drain(..) {
+                        self.set_aside(rest);
+                    }
+                }
+                Err(Failure::Refused(e)) if batch.len() == 1 => {
                     let reason = e.to_string();
                     if let Some(row) = batch.into_iter().next() {
                         self.reject(row, &reason).await;
                     }
                 }
-                Err(_) => {
+                Err(Failure::Refused(_)) => {
                     let mut first = batch;
                     let second = first.split_off(first.len() / 2);
                     todo.push(second);
@@ -168,12 +348,26 @@ impl LedgerWriter {
         }
     }
 
-    /// Writes a batch, retrying transient failures; returns a permanent one.
-    async fn write_retrying(&self, batch: &[LedgerRow]) -> Result<(), StoreError> {
+    /// Writes a batch, retrying transient failures (at shutdown, until the deadline); returns a
+    /// permanent one.
+    async fn write_retrying(&self, batch: &[LedgerRow]) -> Result<(), Failure> {
         let mut backoff = Duration::from_millis(50);
         loop {
             let started = Instant::now();
-            match self.store.record(self.accounts.replica(), batch).await {
+            let Some(result) = self
+                .bounded(self.store.record(self.accounts.replica(), batch))
+                .await
+            else {
+                m().ledger_flush_seconds
+                    .with_label_values(&["error"])
+                    .observe(started.elapsed().as_secs_f64());
+                log::error!(
+                    "ledger write of {} rows still unanswered at the shutdown deadline; giving up on the store",
+                    batch.len()
+                );
+                return Err(Failure::OutOfTime);
+            };
+            match result {
                 Ok(new) => {
                     let secs = started.elapsed().as_secs_f64();
                     m().ledger_flush_seconds
@@ -202,7 +396,7 @@ impl LedgerWriter {
                             batch.len()
                         );
                     }
-                    return Err(e);
+                    return Err(Failure::Refused(e));
                 }
                 Err(e) => {
                     m().ledger_flush_seconds
@@ -210,11 +404,22 @@ impl LedgerWriter {
                         .observe(started.elapsed().as_secs_f64());
                     // Rows are still arriving while the store is away: keep the gauge true.
                     self.queue.publish();
-                    log::error!(
-                        "ledger write of {} rows failed, retrying in {backoff:?}: {e}",
-                        batch.len()
-                    );
-                    tokio::time::sleep(backoff).await;
+                    match self.deadline() {
+                        None => log::error!(
+                            "ledger write of {} rows failed, retrying in {backoff:?}: {e}",
+                            batch.len()
+                        ),
+                        Some(at) => log::error!(
+                            "ledger write of {} rows failed during shutdown, retrying for {:?} more \
+                             before spilling the unstored rows to {}: {e}",
+                            batch.len(),
+                            at.saturating_duration_since(tokio::time::Instant::now()),
+                            self.shutdown.spill_dir.display()
+                        ),
+                    }
+                    if !self.pause(backoff).await {
+                        return Err(Failure::OutOfTime);
+                    }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
@@ -223,6 +428,11 @@ impl LedgerWriter {
 
     /// Puts a row the store refused into the dead-letter table (retrying transient failures).
     async fn reject(&self, row: LedgerRow, reason: &str) {
+        if self.out_of_time.load(Ordering::Relaxed) {
+            // Spilled as it is: the import refuses it again and sets it aside then.
+            self.set_aside(vec![row]);
+            return;
+        }
         log::error!(
             "ledger row {} of tenant {} cannot be written ({reason}); moved to the dead-letter table ledger_rejects, charge {} NOT applied: {}",
             row.request_id,
@@ -233,7 +443,11 @@ impl LedgerWriter {
         m().ledger_rows.with_label_values(&["rejected"]).inc();
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.store.reject(&row, reason).await {
+            let Some(result) = self.bounded(self.store.reject(&row, reason)).await else {
+                self.set_aside(vec![row]);
+                return;
+            };
+            match result {
                 Ok(()) => break,
                 Err(e) if e.is_transient() => {
                     self.queue.publish();
@@ -241,7 +455,10 @@ impl LedgerWriter {
                         "storing rejected ledger row {} failed, retrying in {backoff:?}: {e}",
                         row.request_id
                     );
-                    tokio::time::sleep(backoff).await;
+                    if !self.pause(backoff).await {
+                        self.set_aside(vec![row]);
+                        return;
+                    }
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) => {
@@ -282,6 +499,13 @@ mod tests {
         }
     }
 
+    fn test_policy() -> ShutdownPolicy {
+        ShutdownPolicy {
+            flush_timeout: Duration::from_secs(30),
+            spill_dir: std::env::temp_dir().join("quipu-ledger-test-spill-unused"),
+        }
+    }
+
     #[tokio::test]
     async fn bad_rows_are_set_aside_and_the_rows_behind_them_are_written() {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
@@ -293,7 +517,13 @@ mod tests {
             Pen::from_centimos(500),
             Duration::from_secs(15),
         );
-        let (handle, writer) = channel(store.clone(), accounts, Duration::from_millis(5), 4);
+        let (handle, writer) = channel(
+            store.clone(),
+            accounts,
+            Duration::from_millis(5),
+            4,
+            test_policy(),
+        );
         let mut good = Vec::new();
         for i in 0..10 {
             let r = row(&format!("good-{i}"), t, 1_000_000);
@@ -313,9 +543,10 @@ mod tests {
         }
         assert_eq!(handle.queued(), 12);
         let (_stop_tx, stop) = tokio::sync::watch::channel(true);
-        tokio::time::timeout(Duration::from_secs(10), writer.run(stop))
+        let unstored = tokio::time::timeout(Duration::from_secs(10), writer.run(stop))
             .await
             .expect("the writer finished instead of retrying the bad rows forever");
+        assert_eq!(unstored, 0);
         assert_eq!(handle.queued(), 0);
         assert_eq!(store.ledger_rows(Some(t)).await.unwrap(), good);
         let rejected: Vec<String> = store

@@ -481,6 +481,7 @@ mod tests {
             accounts.clone(),
             Duration::from_millis(5),
             100,
+            ledger::ShutdownPolicy::of(&config.store),
         );
         let keys = KeySnapshot::new(config.models.len());
         keys.install(

@@ -144,30 +144,6 @@ pub struct RejectedRow {
     pub rejected_at: UnixMs,
 }
 
-impl LedgerRow {
-    /// The row as JSON for the dead-letter table (numbers as strings: they may not fit a
-    /// column, which can be why the row was rejected).
-    pub fn to_json(&self) -> String {
-        serde_json::json!({
-            "request_id": self.request_id,
-            "at": self.at,
-            "tenant_id": self.tenant_id,
-            "key_id": self.key_id,
-            "model": self.model,
-            "format": self.format,
-            "input_tokens": self.input_tokens.to_string(),
-            "cached_tokens": self.cached_tokens.to_string(),
-            "output_tokens": self.output_tokens.to_string(),
-            "charge_picos": self.charge.picos().to_string(),
-            "unbilled_picos": self.unbilled.picos().to_string(),
-            "input_estimated": self.input_estimated,
-            "status": self.status,
-            "http_status": self.http_status,
-        })
-        .to_string()
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopUp {
     pub id: String,

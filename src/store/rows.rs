@@ -1,10 +1,12 @@
 //! Ledger rows between Rust and SQL, shared by both backends: the checks a row or top-up must
 //! pass before anything is written (so a bad value fails the call instead of being truncated),
-//! and the conversion of a stored row back to a [`LedgerRow`].
+//! the conversion of a stored row back to a [`LedgerRow`], and a row as JSON (the dead-letter
+//! table's `row_json`, the lines of a ledger spill file), read back exactly.
 
 use super::sql_money::{i64_to_u64, pen_to_i64, u64_to_i64};
 use super::{LedgerRow, StoreError, StoreResult, UnixMs};
 use crate::money::Pen;
+use serde_json::Value;
 
 /// A checked ledger row, ready to bind.
 pub(crate) struct RowParams {
@@ -117,5 +119,308 @@ impl RawLedgerRow {
             unbilled: Pen::from_picos(i128::from(self.unbilled)),
             input_estimated: self.input_estimated,
         })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows as JSON: the dead-letter table's `row_json` and the lines of a ledger spill file.
+
+/// The fields of a row's JSON object, in the order they are written.
+const ROW_FIELDS: [&str; 14] = [
+    "request_id",
+    "at",
+    "tenant_id",
+    "key_id",
+    "model",
+    "format",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "charge_picos",
+    "unbilled_picos",
+    "input_estimated",
+    "status",
+    "http_status",
+];
+
+impl LedgerRow {
+    /// The row as a JSON object with every field. Money is the decimal string of the integer
+    /// number of pico-soles (`charge_picos`, `unbilled_picos`) and token counts are decimal
+    /// strings too, so no value depends on how a reader holds JSON numbers (often as doubles)
+    /// and a value that does not fit a column still round-trips. [`LedgerRow::from_json_object`]
+    /// reads it back exactly.
+    pub fn to_json_object(&self) -> serde_json::Map<String, Value> {
+        let mut o = serde_json::Map::new();
+        o.insert("request_id".into(), self.request_id.clone().into());
+        o.insert("at".into(), self.at.into());
+        o.insert("tenant_id".into(), self.tenant_id.into());
+        o.insert("key_id".into(), self.key_id.clone().into());
+        o.insert("model".into(), self.model.clone().into());
+        o.insert("format".into(), self.format.clone().into());
+        o.insert("input_tokens".into(), self.input_tokens.to_string().into());
+        o.insert(
+            "cached_tokens".into(),
+            self.cached_tokens.to_string().into(),
+        );
+        o.insert(
+            "output_tokens".into(),
+            self.output_tokens.to_string().into(),
+        );
+        o.insert(
+            "charge_picos".into(),
+            self.charge.picos().to_string().into(),
+        );
+        o.insert(
+            "unbilled_picos".into(),
+            self.unbilled.picos().to_string().into(),
+        );
+        o.insert("input_estimated".into(), self.input_estimated.into());
+        o.insert("status".into(), self.status.clone().into());
+        o.insert("http_status".into(), self.http_status.into());
+        o
+    }
+
+    /// [`LedgerRow::to_json_object`] as text (the dead-letter table's `row_json`).
+    pub fn to_json(&self) -> String {
+        Value::Object(self.to_json_object()).to_string()
+    }
+
+    /// Reads back what [`LedgerRow::to_json_object`] wrote. Strict: every field must be there
+    /// with its exact type and no other field may be (a typo or a damaged file must not turn
+    /// into a default value, least of all a charge of zero).
+    pub fn from_json_object(o: &serde_json::Map<String, Value>) -> Result<LedgerRow, String> {
+        if let Some(unknown) = o.keys().find(|k| !ROW_FIELDS.contains(&k.as_str())) {
+            return Err(format!(
+                "unknown field \"{unknown}\" (a ledger row has {})",
+                ROW_FIELDS.join(", ")
+            ));
+        }
+        Ok(LedgerRow {
+            request_id: text_field(o, "request_id")?,
+            at: int_field(o, "at")?,
+            tenant_id: int_field(o, "tenant_id")?,
+            key_id: text_field(o, "key_id")?,
+            model: text_field(o, "model")?,
+            format: text_field(o, "format")?,
+            input_tokens: count_field(o, "input_tokens")?,
+            cached_tokens: count_field(o, "cached_tokens")?,
+            output_tokens: count_field(o, "output_tokens")?,
+            charge: picos_field(o, "charge_picos")?,
+            status: text_field(o, "status")?,
+            http_status: {
+                let v = field(o, "http_status")?;
+                v.as_u64()
+                    .and_then(|n| u16::try_from(n).ok())
+                    .ok_or_else(|| {
+                        format!("field \"http_status\" must be an integer from 0 to 65535, got {v}")
+                    })?
+            },
+            unbilled: picos_field(o, "unbilled_picos")?,
+            input_estimated: {
+                let v = field(o, "input_estimated")?;
+                v.as_bool().ok_or_else(|| {
+                    format!("field \"input_estimated\" must be true or false, got {v}")
+                })?
+            },
+        })
+    }
+
+    /// [`LedgerRow::from_json_object`] from text.
+    pub fn from_json(text: &str) -> Result<LedgerRow, String> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(o)) => LedgerRow::from_json_object(&o),
+            Ok(other) => Err(format!("a ledger row must be a JSON object, got {other}")),
+            Err(e) => Err(format!("not JSON: {e}")),
+        }
+    }
+}
+
+fn field<'a>(o: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a Value, String> {
+    o.get(name)
+        .ok_or_else(|| format!("field \"{name}\" is missing"))
+}
+
+fn text_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<String, String> {
+    let v = field(o, name)?;
+    v.as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("field \"{name}\" must be a string, got {v}"))
+}
+
+fn int_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<i64, String> {
+    let v = field(o, name)?;
+    v.as_i64()
+        .ok_or_else(|| format!("field \"{name}\" must be a whole number, got {v}"))
+}
+
+/// An optional `-` and decimal digits, nothing else (no `+`, no spaces, no point).
+fn integer_text(s: &str) -> bool {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn count_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<u64, String> {
+    let v = field(o, name)?;
+    v.as_str()
+        .filter(|s| !s.starts_with('-') && integer_text(s))
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| {
+            format!("field \"{name}\" must be a string of a token count like \"1200\", got {v}")
+        })
+}
+
+fn picos_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<Pen, String> {
+    let v = field(o, name)?;
+    v.as_str()
+        .filter(|s| integer_text(s))
+        .and_then(|s| s.parse::<i128>().ok())
+        .map(Pen::from_picos)
+        .ok_or_else(|| {
+            format!(
+                "field \"{name}\" must be a string of an integer number of pico-soles \
+                 (S/ 1 = 1000000000000) like \"1050000\", got {v}"
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_field() -> LedgerRow {
+        LedgerRow {
+            request_id: "req_01J9Z\u{e9}\"quoted\"\n".into(),
+            at: 1_793_491_200_123,
+            tenant_id: 42,
+            key_id: "key_8f2c".into(),
+            model: "apu".into(),
+            format: "messages".into(),
+            input_tokens: 1_234_567,
+            cached_tokens: 89,
+            output_tokens: 4_321,
+            charge: Pen::from_picos(1_050_000),
+            status: "client_disconnected".into(),
+            http_status: 499,
+            unbilled: Pen::from_picos(7),
+            input_estimated: true,
+        }
+    }
+
+    fn round_trip(row: &LedgerRow) -> LedgerRow {
+        let text = row.to_json();
+        // Through text, as a spill file or the dead-letter table holds it.
+        LedgerRow::from_json(&text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    #[test]
+    fn every_field_round_trips() {
+        let row = every_field();
+        assert_eq!(round_trip(&row), row);
+        // Each field is carried by its own key: changing any one changes the decoded row.
+        let o = row.to_json_object();
+        assert_eq!(o.len(), ROW_FIELDS.len());
+        assert_eq!(o["charge_picos"], "1050000");
+        assert_eq!(o["unbilled_picos"], "7");
+        assert_eq!(o["input_tokens"], "1234567");
+        assert_eq!(o["at"], 1_793_491_200_123_i64);
+        assert_eq!(o["http_status"], 499);
+        assert_eq!(o["input_estimated"], true);
+        let mut other = row.clone();
+        other.input_estimated = false;
+        other.http_status = 200;
+        other.unbilled = Pen::ZERO;
+        assert_eq!(round_trip(&other), other);
+        assert_ne!(round_trip(&other), row);
+    }
+
+    #[test]
+    fn extreme_values_round_trip_exactly() {
+        let picos = [
+            0,
+            1,
+            -1,
+            999_999_999_999,
+            1_000_000_000_001,
+            i128::from(i64::MAX) + 1,
+            // Beyond what a double holds exactly (2^53) and beyond i64.
+            9_007_199_254_740_993,
+            123_456_789_012_345_678_901_234_567_890,
+            i128::MAX,
+            i128::MIN,
+        ];
+        for p in picos {
+            let mut row = every_field();
+            row.charge = Pen::from_picos(p);
+            row.unbilled = Pen::from_picos(p.wrapping_neg());
+            assert_eq!(round_trip(&row), row, "{p}");
+        }
+        let mut row = every_field();
+        row.at = i64::MIN;
+        row.tenant_id = i64::MAX;
+        row.input_tokens = u64::MAX;
+        row.cached_tokens = 0;
+        row.output_tokens = u64::MAX - 1;
+        row.http_status = u16::MAX;
+        row.request_id = String::new();
+        row.status = "\u{1F999} \\ \t".into();
+        assert_eq!(round_trip(&row), row);
+        row.at = i64::MAX;
+        row.tenant_id = i64::MIN;
+        row.http_status = 0;
+        assert_eq!(round_trip(&row), row);
+    }
+
+    #[test]
+    fn damaged_rows_are_refused_naming_the_field() {
+        let good = every_field().to_json_object();
+        let with = |key: &str, v: Value| {
+            let mut o = good.clone();
+            o.insert(key.into(), v);
+            LedgerRow::from_json_object(&o).unwrap_err()
+        };
+        let without = |key: &str| {
+            let mut o = good.clone();
+            o.remove(key);
+            LedgerRow::from_json_object(&o).unwrap_err()
+        };
+        // Money is never a JSON number, let alone a float.
+        for bad in [
+            serde_json::json!(1050000),
+            serde_json::json!(1.05),
+            serde_json::json!("1.05"),
+            serde_json::json!("+5"),
+            serde_json::json!(" 5"),
+            serde_json::json!(""),
+            serde_json::json!("-"),
+            serde_json::json!("1e6"),
+            serde_json::json!("170141183460469231731687303715884105728"), // i128::MAX + 1
+        ] {
+            let e = with("charge_picos", bad.clone());
+            assert!(
+                e.contains("charge_picos") && e.contains("pico-soles"),
+                "{bad}: {e}"
+            );
+        }
+        for bad in [
+            serde_json::json!(5),
+            serde_json::json!("-5"),
+            serde_json::json!("18446744073709551616"),
+        ] {
+            let e = with("output_tokens", bad.clone());
+            assert!(e.contains("output_tokens"), "{bad}: {e}");
+        }
+        assert!(with("http_status", serde_json::json!(70000)).contains("http_status"));
+        assert!(with("at", serde_json::json!(1.5)).contains("\"at\""));
+        assert!(with("input_estimated", serde_json::json!("yes")).contains("input_estimated"));
+        assert!(with("model", serde_json::json!(null)).contains("model"));
+        assert!(with("charge", serde_json::json!("1")).contains("unknown field \"charge\""));
+        for key in ROW_FIELDS {
+            let e = without(key);
+            assert!(e.contains(key) && e.contains("missing"), "{key}: {e}");
+        }
+        assert!(LedgerRow::from_json("[1]")
+            .unwrap_err()
+            .contains("JSON object"));
+        assert!(LedgerRow::from_json("{\"request_id\":").is_err());
     }
 }

@@ -9,7 +9,10 @@ fail and say so.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import os
+import pathlib
+import signal
 import subprocess
 import threading
 import time
@@ -18,7 +21,7 @@ from decimal import Decimal
 
 import pytest
 
-from harness import ADMIN_TOKEN, Gateway, Sim, http_json
+from harness import ADMIN_TOKEN, ROOT, Gateway, Sim, http_json
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +165,131 @@ def test_the_balance_is_shared_exactly_and_never_overdrawn(pricey_pair):
         assert time.time() < deadline, "idle leases were not returned"
         time.sleep(0.2)
     assert Decimal(a.cli("statement", "--tenant", "shared-money")["balance"]) == balance - charges
+
+
+# ---------------------------------------------------------------------------------------------
+# The database down at shutdown: bounded retry, spill file, import.
+
+COLIBRI = (Decimal("0.20"), Decimal("0.05"), Decimal("0.80"))  # harness.model_block's prices
+SPILL_TIMEOUT_S = 3
+
+
+def pg_server(action: str) -> None:
+    """Stops (`pause`) or restarts (`resume`) the test server, keeping its data and port."""
+    pg_dir = os.environ.get("QUIPU_TEST_PG_DIR")
+    assert pg_dir, "QUIPU_TEST_PG_DIR is not set: start the server with scripts/pg-test.sh"
+    subprocess.run([str(ROOT / "scripts" / "pg-test.sh"), action, pg_dir], check=True, capture_output=True)
+
+
+def colibri_charge(rec: dict) -> Decimal:
+    i, c, o = COLIBRI
+    cached = rec["cached_tokens"]
+    return ((rec["prompt_tokens"] - cached) * i + cached * c + rec["completion_tokens"] * o) / Decimal(1_000_000)
+
+
+def test_a_shutdown_with_the_database_down_spills_and_the_import_restores_every_charge(workdir, pg_url):
+    sim = Sim(workdir, name="sim-pg-spill").start()
+    gw = Gateway(workdir, {"colibri": [sim.api_base]}, store_url=pg_url, name="quipu-pg-spill")
+    spill_dir = workdir / "pg-spill"
+    gw.config_text = gw.config_text.replace(
+        "key_refresh_ms = 200",
+        f'key_refresh_ms = 200\nshutdown_flush_timeout_s = {SPILL_TIMEOUT_S}\nspill_dir = "{spill_dir}"',
+    )
+    assert "shutdown_flush_timeout_s" in gw.config_text
+    gw.config_path.write_text(gw.config_text)
+    gw.start()
+    top_up = Decimal("100.00")
+    _, key = gw.new_tenant("spill", top_up=str(top_up))
+    since = sim.stats()["seq"]
+
+    def ask(i: int) -> str:
+        status, body, hdrs = http_json(
+            "POST", gw.base + "/v1/chat/completions",
+            {"model": "colibri", "messages": [{"role": "user", "content": f"pregunta {i} [[sim: tokens={5 + i}]]"}]},
+            {"Authorization": f"Bearer {key}"}, timeout=30,
+        )
+        assert status == 200, body
+        return hdrs["x-request-id"]
+
+    # Stored while the database is up; the replica now holds a lease to admit the rest against.
+    stored = ask(0)
+    tenant_rows = "SELECT entry_id, delta FROM ledger WHERE kind = 'request' AND tenant_id = " \
+        "(SELECT id FROM tenants WHERE name = 'spill') ORDER BY entry_id"
+    deadline = time.time() + 10
+    while not psql(pg_url, tenant_rows):
+        assert time.time() < deadline, "the first row never reached the ledger"
+        time.sleep(0.05)
+
+    pg_server("pause")
+    try:
+        answered = [ask(i) for i in range(1, 9)]
+        time.sleep(0.5)  # the writer is failing and retrying by now
+        signalled = time.time()
+        gw.process.send_signal(signal.SIGTERM)
+        try:
+            code = gw.process.proc.wait(SPILL_TIMEOUT_S + 20)
+        except subprocess.TimeoutExpired:
+            gw.process.proc.kill()
+            pytest.fail(f"SIGTERM with the database down did not end the gateway:\n{gw.process.tail()}")
+        took = time.time() - signalled
+    finally:
+        pg_server("resume")
+    log = gw.process.log_path.read_text(errors="replace")
+    gw.process.log.close()
+    assert code == 0, log[-3000:]
+    # It kept retrying for the timeout, and then did not hang on the database.
+    assert SPILL_TIMEOUT_S * 0.9 <= took <= SPILL_TIMEOUT_S + 10, took
+
+    files = sorted(spill_dir.glob("ledger-spill-*.jsonl"))
+    assert len(files) == 1, sorted(spill_dir.iterdir())
+    spill = files[0]
+    assert not list(spill_dir.glob(".*.tmp"))
+    lines = [json.loads(line) for line in spill.read_text().splitlines()]
+    assert sorted(line["request_id"] for line in lines) == sorted(answered), "exactly the answered requests"
+    assert str(spill) in log and "quipu ledger import" in log and f"{len(answered)} ledger rows" in log
+
+    # Every spilled row is exactly what the simulator metered, money as an integer string.
+    recs = {r["request_id"]: r for r in sim.requests(since) if r["request_id"]}
+    expected = {rid: colibri_charge(recs[rid]) for rid in [stored, *answered]}
+    for line in lines:
+        rec = recs[line["request_id"]]
+        assert isinstance(line["charge_picos"], str)
+        assert Decimal(int(line["charge_picos"])) / Decimal(10**12) == expected[line["request_id"]]
+        assert (int(line["input_tokens"]), int(line["cached_tokens"]), int(line["output_tokens"])) == (
+            rec["prompt_tokens"], rec["cached_tokens"], rec["completion_tokens"])
+        assert (line["model"], line["format"], line["status"], line["http_status"]) == ("colibri", "chat", "ok", 200)
+
+    # The database is back but has only the first row: the spilled charges are not applied yet.
+    assert [r.split("|")[0] for r in psql(pg_url, tenant_rows)] == [stored]
+    st = gw.cli("statement", "--tenant", "spill")
+    assert Decimal(st["balance"]) == top_up - expected[stored]
+
+    # A restarted gateway names the file it has not imported, and leaves it alone.
+    gw.start()
+    restart_log = gw.process.log_path.read_text(errors="replace")[len(log):]
+    assert "not imported" in restart_log and str(spill) in restart_log, restart_log[-2000:]
+    assert spill.exists()
+    assert gw.stop() == 0
+
+    report = gw.cli("ledger", "import", str(spill))
+    (f,) = report["files"]
+    assert sorted(f["new"]) == sorted(answered) and f["duplicate"] == [] and f["rejected"] == []
+    assert Decimal(f["charged"]) == sum(expected[rid] for rid in answered)
+    assert not spill.exists() and pathlib.Path(f["renamed_to"]) == spill.with_name(spill.name + ".imported")
+    st = gw.cli("statement", "--tenant", "spill")
+    total = sum(expected.values())
+    assert Decimal(st["totals"]["charges"]) == total
+    assert Decimal(st["balance"]) == top_up - total
+    assert st["totals"]["requests"] == len(answered) + 1
+    rows = {r.split("|")[0]: int(r.split("|")[1]) for r in psql(pg_url, tenant_rows.replace("entry_id, delta", "entry_id || '|' || delta"))}
+    assert {rid: Decimal(-d) / Decimal(10**12) for rid, d in rows.items()} == expected
+    # The stopped replica's lease (5.00, the lease chunk) still held the money those requests
+    # spent, and drops by it as the live path would have; unless it was reclaimed as stale.
+    (t,) = [t for t in gw.cli("tenant", "list")["tenants"] if t["name"] == "spill"]
+    assert Decimal(t["leased"]) in (Decimal("5.00") - total, 0), t
+
+    again = gw.cli("ledger", "import", f["renamed_to"])
+    assert again["totals"]["new"] == 0 and again["totals"]["duplicate"] == len(answered)
+    assert Decimal(again["totals"]["charged"]) == 0
+    assert gw.cli("statement", "--tenant", "spill")["balance"] == st["balance"]
+    sim.stop()

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------------
@@ -112,6 +112,12 @@ pub struct RawStore {
     pub ledger_flush_ms: u64,
     pub ledger_batch_rows: usize,
     pub key_refresh_ms: u64,
+    /// At shutdown, how long the ledger writer keeps retrying an unreachable store before it
+    /// writes the rows it could not store to a spill file.
+    pub shutdown_flush_timeout_s: u64,
+    /// Where spill files go; default: `ledger-spill` beside the SQLite file, else
+    /// `data/ledger-spill`.
+    pub spill_dir: Option<String>,
 }
 
 impl Default for RawStore {
@@ -121,6 +127,8 @@ impl Default for RawStore {
             ledger_flush_ms: 50,
             ledger_batch_rows: 1000,
             key_refresh_ms: 500,
+            shutdown_flush_timeout_s: 30,
+            spill_dir: None,
         }
     }
 }
@@ -364,6 +372,10 @@ pub struct Store {
     pub ledger_flush: Duration,
     pub ledger_batch_rows: usize,
     pub key_refresh: Duration,
+    /// See [`RawStore::shutdown_flush_timeout_s`].
+    pub shutdown_flush_timeout: Duration,
+    /// The directory of ledger spill files (see `billing::spill`), resolved.
+    pub spill_dir: PathBuf,
 }
 
 #[derive(Debug, Clone)]
@@ -789,11 +801,45 @@ fn validate_store(
             s.key_refresh_ms
         ));
     }
+    if s.shutdown_flush_timeout_s == 0 || s.shutdown_flush_timeout_s > 3_600 {
+        errs.push(format!(
+            "store.shutdown_flush_timeout_s must be between 1 and 3600 (seconds a shutdown keeps \
+             retrying an unreachable store before it writes the unstored ledger rows to a spill \
+             file in store.spill_dir), got {}",
+            s.shutdown_flush_timeout_s
+        ));
+    }
+    let spill_dir = match s.spill_dir.as_deref().map(str::trim) {
+        Some("") => {
+            errs.push(
+                "store.spill_dir must name a directory, got \"\"; leave it out for the default \
+                 (ledger-spill beside the SQLite file, else data/ledger-spill)"
+                    .into(),
+            );
+            PathBuf::new()
+        }
+        Some(dir) => PathBuf::from(dir),
+        None => default_spill_dir(&url),
+    };
     Store {
         url,
         ledger_flush: Duration::from_millis(s.ledger_flush_ms),
         ledger_batch_rows: s.ledger_batch_rows.max(1),
         key_refresh: Duration::from_millis(s.key_refresh_ms),
+        shutdown_flush_timeout: Duration::from_secs(s.shutdown_flush_timeout_s),
+        spill_dir,
+    }
+}
+
+/// `ledger-spill` beside the SQLite file of `url`; `data/ledger-spill` for PostgreSQL or an
+/// in-memory database.
+fn default_spill_dir(url: &str) -> PathBuf {
+    match url.strip_prefix("sqlite://") {
+        Some(path) if !path.is_empty() && path != ":memory:" => Path::new(path)
+            .parent()
+            .map(|p| p.join("ledger-spill"))
+            .unwrap_or_else(|| PathBuf::from("ledger-spill")),
+        _ => PathBuf::from("data/ledger-spill"),
     }
 }
 
@@ -1326,6 +1372,47 @@ routing = "random"
         ] {
             assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
         }
+    }
+
+    #[test]
+    fn shutdown_flush_and_spill_dir() {
+        let c = parse(MINIMAL).unwrap();
+        assert_eq!(c.store.shutdown_flush_timeout, Duration::from_secs(30));
+        assert_eq!(c.store.spill_dir, PathBuf::from("data/ledger-spill"));
+        let with_store = |store: &str| parse(&format!("[store]\n{store}\n{MINIMAL}"));
+        let c = with_store("url = \"sqlite:///var/lib/quipu/quipu.db\"").unwrap();
+        assert_eq!(
+            c.store.spill_dir,
+            PathBuf::from("/var/lib/quipu/ledger-spill")
+        );
+        let c = with_store("url = \"sqlite://quipu.db\"").unwrap();
+        assert_eq!(c.store.spill_dir, PathBuf::from("ledger-spill"));
+        for url in ["postgres://q@db/quipu", "sqlite://:memory:"] {
+            let c = with_store(&format!("url = \"{url}\"")).unwrap();
+            assert_eq!(
+                c.store.spill_dir,
+                PathBuf::from("data/ledger-spill"),
+                "{url}"
+            );
+        }
+        let c = with_store("spill_dir = \"/srv/spill\"\nshutdown_flush_timeout_s = 5").unwrap();
+        assert_eq!(c.store.spill_dir, PathBuf::from("/srv/spill"));
+        assert_eq!(c.store.shutdown_flush_timeout, Duration::from_secs(5));
+        for bad in ["0", "3601"] {
+            let e = with_store(&format!("shutdown_flush_timeout_s = {bad}")).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("store.shutdown_flush_timeout_s must be between 1 and 3600"),
+                "{e}"
+            );
+            assert!(e.to_string().contains(&format!("got {bad}")), "{e}");
+        }
+        let e = with_store("spill_dir = \" \"").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("store.spill_dir must name a directory"),
+            "{e}"
+        );
     }
 
     #[test]
