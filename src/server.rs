@@ -293,9 +293,8 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
                         log::info!("drained in {:?}; flushing the ledger", started.elapsed());
                     } else {
                         log::warn!(
-                            "grace period over with {} connections and {} requests still open; flushing the ledger",
-                            life.connections(),
-                            life.requests()
+                            "grace period over with {} connections still open; flushing the ledger",
+                            life.connections()
                         );
                     }
                     // Every finished request queued its row in `logging`, before its connection
@@ -358,9 +357,7 @@ fn wait_for_drain(life: &Lifecycle, in_flight: &AtomicUsize, grace: Duration) ->
     let started = Instant::now();
     let mut quiet_since: Option<Instant> = None;
     loop {
-        let idle = life.connections() == 0
-            && life.requests() == 0
-            && in_flight.load(Ordering::SeqCst) == 0;
+        let idle = life.connections() == 0 && in_flight.load(Ordering::SeqCst) == 0;
         if idle {
             if quiet_since.get_or_insert_with(Instant::now).elapsed() >= DRAIN_QUIET {
                 return true;

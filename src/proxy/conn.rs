@@ -9,14 +9,20 @@
 //!   it is accepted, before anything is read; idle keep-alive connections count too. Closing
 //!   costs nothing under a flood, and a client sees a closed connection it can retry.
 //! - **A request-head deadline** (`server.header_timeout_ms`): the whole head must arrive within
-//!   it, counted from the connection's opening for its first request and from the first byte of
-//!   each later one; otherwise the connection is closed. Between requests a connection may idle
-//!   for `server.keepalive_timeout_s`.
+//!   it, counted from the connection's opening for its first request; a later request on a
+//!   keep-alive connection may first idle up to `server.keepalive_timeout_s` (pingora closes it
+//!   then), and its head must be whole within the deadline after that. Otherwise the
+//!   connection is closed.
 //! - **Draining**: once a graceful shutdown starts (SIGTERM, or the end of a graceful upgrade), a
-//!   connection waiting for its next request is closed, and one whose request has begun — even
-//!   if only part of its head arrived — is served and then closed. [`Lifecycle`] counts open
-//!   connections and requests in progress (every route, catalog included), so the drain waits
-//!   for the last one before the ledger's final flush.
+//!   request in progress is finished and its connection then closed; a connection that has not
+//!   delivered a whole head is given [`LATE_HEAD_GRACE`] to do so (a head that was half sent
+//!   when the signal came is served, with `Connection: close`) and is closed otherwise.
+//!   [`Lifecycle`] counts open connections, so the drain waits for the last one before the
+//!   ledger's final flush.
+//!
+//! The common case costs nothing extra: a keep-alive client's next head is usually already in
+//! the socket, so the first poll of a request reads it and starts the request; only a
+//! connection still waiting after that poll arms a timer and watches for shutdown.
 //!
 //! Pingora's own shutdown hook for the app (`http_cleanup`, which drops every connection parked
 //! in a header read, including ones halfway through a head) is deliberately not forwarded: the
@@ -26,10 +32,16 @@ use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant};
+
+/// After a shutdown starts, how long a connection that has not delivered a whole request head
+/// may still complete one (it is then served with `Connection: close`); idle ones close then.
+pub const LATE_HEAD_GRACE: Duration = Duration::from_secs(2);
 
 tokio::task_local! {
     /// Set once the current connection's request head has been read.
@@ -51,11 +63,10 @@ pub fn deadline(base: Instant, d: Duration) -> Instant {
         .unwrap_or(base)
 }
 
-/// What is open and in progress, for the connection cap and the drain.
+/// Open connections and the draining flag, for the connection cap and the drain.
 #[derive(Debug, Default)]
 pub struct Lifecycle {
     connections: AtomicUsize,
-    requests: AtomicUsize,
     draining: AtomicBool,
     refused: AtomicU64,
     refusal_logged_s: AtomicU64,
@@ -76,11 +87,6 @@ impl Lifecycle {
         self.connections.load(Ordering::SeqCst)
     }
 
-    /// Requests between their first byte and the end of their `logging` phase, every route.
-    pub fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
-    }
-
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
@@ -96,11 +102,6 @@ impl Lifecycle {
             })
             .ok()
             .map(|_| Held(&self.connections))
-    }
-
-    fn request_started(&self) -> Held<'_> {
-        self.requests.fetch_add(1, Ordering::SeqCst);
-        Held(&self.requests)
     }
 
     fn note_refusal(&self, max: usize, started: std::time::Instant) {
@@ -171,61 +172,70 @@ where
             self.life.note_refusal(limits.max_connections, self.epoch);
             return None;
         };
-        let mut shutdown = shutdown.clone();
+        let mut watch = shutdown.clone();
         let opened = Instant::now();
         let keepalive = Duration::from_secs(limits.keepalive_s);
         let mut settings: Option<HttpPersistentSettings> = None;
         let mut first = true;
+        let head = Arc::new(AtomicBool::new(false));
         loop {
-            // Idle until the next request's first byte: bounded by the head deadline for the
-            // first request, by the keep-alive timeout for later ones; closed on shutdown.
-            let idle_until = if first {
-                deadline(opened, limits.header_timeout)
-            } else {
-                deadline(Instant::now(), keepalive)
-            };
-            let mut byte = [0u8; 1];
-            let begun = tokio::select! {
-                biased;
-                r = stream.try_peek(&mut byte) => matches!(r, Ok(true)),
-                _ = sleep_until(idle_until) => false,
-                _ = shutting_down(&mut shutdown) => {
-                    self.life.start_draining();
-                    false
-                }
-            };
-            if !begun {
-                return None;
-            }
-            let _request = self.life.request_started();
+            // The whole head within `header_timeout`: from the connection's opening for its
+            // first request; for a later one, after up to `keepalive` of idling (pingora closes
+            // a connection idle that long before its next request's first byte).
             let head_by = if first {
                 deadline(opened, limits.header_timeout)
             } else {
-                deadline(Instant::now(), limits.header_timeout)
+                deadline(Instant::now(), keepalive + limits.header_timeout)
             };
             let mut session = ServerSession::new_http1(stream);
             match settings.take() {
                 Some(s) => s.apply_to_session(&mut session),
                 None => session.set_keepalive(Some(limits.keepalive_s)),
             }
-            if *shutdown.borrow() || self.life.draining() {
+            if *watch.borrow() || self.life.draining() {
                 session.set_keepalive(None);
             }
-            let head = Arc::new(AtomicBool::new(false));
-            let serve =
-                HEAD_READ.scope(head.clone(), self.app.process_new_http(session, &shutdown));
+            head.store(false, Ordering::Relaxed);
+            let serve = HEAD_READ.scope(head.clone(), self.app.process_new_http(session, shutdown));
             tokio::pin!(serve);
-            let reusable = tokio::select! {
-                r = &mut serve => r,
-                _ = sleep_until(head_by) => {
-                    if head.load(Ordering::Relaxed) {
-                        serve.await
-                    } else {
-                        log::debug!(
-                            "closing a connection whose request head took over {:?}",
-                            limits.header_timeout
-                        );
-                        return None;
+            // Fast path: a keep-alive client's next head is usually in the socket already, and
+            // one poll reads it and starts the request. Only a connection still waiting for
+            // (the rest of) a head gets a timer and a shutdown watch: the common case costs no
+            // timer registration (a driver wake-up per request) and no extra read.
+            let polled = std::future::poll_fn(|cx| Poll::Ready(serve.as_mut().poll(cx))).await;
+            let reusable = match polled {
+                Poll::Ready(r) => r,
+                Poll::Pending if head.load(Ordering::Relaxed) => serve.await,
+                Poll::Pending => {
+                    tokio::select! {
+                        biased;
+                        r = &mut serve => r,
+                        _ = sleep_until(head_by) => {
+                            if !head.load(Ordering::Relaxed) {
+                                log::debug!(
+                                    "closing a connection whose request head took over {:?}",
+                                    limits.header_timeout
+                                );
+                                return None;
+                            }
+                            serve.await
+                        }
+                        _ = shutting_down(&mut watch) => {
+                            self.life.start_draining();
+                            // Idle, or a head on its way: a head that completes soon is served
+                            // (with `Connection: close`); an idle connection is closed.
+                            let grace = deadline(Instant::now(), LATE_HEAD_GRACE).min(head_by);
+                            tokio::select! {
+                                biased;
+                                r = &mut serve => r,
+                                _ = sleep_until(grace) => {
+                                    if !head.load(Ordering::Relaxed) {
+                                        return None;
+                                    }
+                                    serve.await
+                                }
+                            }
+                        }
                     }
                 }
             };

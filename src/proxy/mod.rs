@@ -261,6 +261,22 @@ fn settle_money(
     Some((p, model_id, usage, charge))
 }
 
+/// A duration in milliseconds with three decimals (`12.345`), or `-`: integer arithmetic, since
+/// float formatting is most of the cost of an access-log line.
+struct Millis(Option<Duration>);
+
+impl std::fmt::Display for Millis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(d) => {
+                let us = d.as_micros();
+                write!(f, "{}.{:03}", us / 1000, us % 1000)
+            }
+            None => f.write_str("-"),
+        }
+    }
+}
+
 /// A time-ordered, unique request id: `req_` + 12 hex digits of milliseconds + 16 random.
 pub fn new_request_id() -> String {
     format!("req_{:012x}{:016x}", now_ms(), rand::random::<u64>())
@@ -431,7 +447,7 @@ impl Gateway {
             let u = ctx.usage.unwrap_or_default();
             log::info!(
                 target: "quipu::access",
-                "request_id={} route={} format={} tenant={} key={} model={} status={} outcome={} error={} in={} cached={} out={} charge_pen={} latency_ms={:.3} ttft_ms={} replica={} attempts={}",
+                "request_id={} route={} format={} tenant={} key={} model={} status={} outcome={} error={} in={} cached={} out={} charge_pen={} latency_ms={} ttft_ms={} replica={} attempts={}",
                 ctx.request_id,
                 ctx.route.as_str(),
                 ctx.format.as_str(),
@@ -444,9 +460,9 @@ impl Gateway {
                 u.prompt_tokens,
                 u.cached(),
                 u.completion_tokens,
-                ctx.charged.to_decimal(),
-                elapsed.as_secs_f64() * 1000.0,
-                ctx.ttft.map_or("-".into(), |t| format!("{:.3}", t.as_secs_f64() * 1000.0)),
+                ctx.charged.decimal(),
+                Millis(Some(elapsed)),
+                Millis(ctx.ttft),
                 ctx.model
                     .zip(ctx.replica)
                     .map_or("-", |(m, r)| self.config.models[m].replicas[r].url.as_str()),

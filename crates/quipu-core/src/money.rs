@@ -123,15 +123,13 @@ impl Pen {
     /// The exact value as a decimal string with the fewest decimals (at least two):
     /// `"12.50"`, `"0.00000105"`, `"-3.00"`.
     pub fn to_decimal(self) -> String {
-        let neg = self.0 < 0;
-        let abs = self.0.unsigned_abs();
-        let whole = abs / SCALE as u128;
-        let frac = abs % SCALE as u128;
-        let mut frac_str = format!("{frac:012}");
-        while frac_str.len() > 2 && frac_str.ends_with('0') {
-            frac_str.pop();
-        }
-        format!("{}{whole}.{frac_str}", if neg { "-" } else { "" })
+        self.decimal().to_string()
+    }
+
+    /// [`Pen::to_decimal`] as a `Display`, for writing into a log line or a buffer without
+    /// an intermediate `String`.
+    pub fn decimal(self) -> ExactDecimal {
+        ExactDecimal(self)
     }
 
     /// The value as a JSON number literal with no trailing zeros (`0.5`, `12`, `0.00000105`),
@@ -225,6 +223,33 @@ impl fmt::Display for Pen {
     }
 }
 
+/// The exact decimal form of an amount (see [`Pen::decimal`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ExactDecimal(Pen);
+
+impl fmt::Display for ExactDecimal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = self.0 .0;
+        if v < 0 {
+            f.write_str("-")?;
+        }
+        let abs = v.unsigned_abs();
+        let whole = abs / SCALE as u128;
+        // Below 10^12, so it fits a u64 and formats without 128-bit divisions.
+        let mut frac = (abs % SCALE as u128) as u64;
+        // Fewest decimals, at least two: drop trailing zeros of the 12-digit fraction.
+        let mut digits = SCALE_DIGITS as usize;
+        while digits > 2 && frac % 10 == 0 {
+            frac /= 10;
+            digits -= 1;
+        }
+        match u64::try_from(whole) {
+            Ok(w) => write!(f, "{w}.{frac:0digits$}"),
+            Err(_) => write!(f, "{whole}.{frac:0digits$}"),
+        }
+    }
+}
+
 /// A price per million tokens. Constructed only from a decimal with ≤ [`RATE_DECIMALS`]
 /// decimals, which is what makes [`Rate::cost`] exact.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -292,6 +317,11 @@ mod tests {
         assert_eq!(Pen::parse("1.500000", 2).unwrap(), Pen::from_centimos(150));
         assert_eq!(Pen::from_picos(1_050_000).to_decimal(), "0.00000105");
         assert_eq!(Pen::from_picos(-3 * SCALE).to_decimal(), "-3.00");
+        assert_eq!(Pen::from_picos(-5).to_decimal(), "-0.000000000005");
+        // A whole part beyond u64 (the 128-bit path).
+        let huge = Pen::from_picos(u64::MAX as i128 * 10 * SCALE + 5);
+        assert_eq!(huge.to_decimal(), "184467440737095516150.000000000005");
+        assert_eq!(format!("{}", Pen::from_picos(SCALE / 10).decimal()), "0.10");
     }
 
     #[test]
