@@ -47,7 +47,9 @@ use crate::upstream::{block_hashes, ReplicaGuard};
 use crate::usage::{usage_of_completion, Usage};
 use bytes::Bytes;
 use pingora::proxy::Session;
-use std::time::Instant;
+use std::future::Future;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 use tokio::time::sleep_until;
 
 /// Largest non-streaming upstream body accepted.
@@ -332,6 +334,8 @@ async fn stream(
     let mut last_upstream = tokio::time::Instant::now();
     let mut next_ping = deadline(last_upstream, ping_every);
     let mut saw_data = false;
+    // The upstream's body was read to its end (so its connection can be reused).
+    let mut upstream_ended = false;
     let mut client_left = false;
     let stream_started = Instant::now();
     m().streams_open.inc();
@@ -356,18 +360,44 @@ async fn stream(
                         last_upstream = tokio::time::Instant::now();
                         next_ping = deadline(last_upstream, ping_every);
                         feed_stream(&mut decoder, translator.as_mut(), bytes, &mut out);
+                        // What the upstream has already sent goes to the client in one write,
+                        // not one per upstream chunk (what pingora's own proxy does too) —
+                        // once the stream is committed: before that, the first output goes
+                        // alone, so a failure right behind it still finds the `200` sent and
+                        // the output delivered, not replaced by an HTTP error.
+                        while committed && out.len() < COALESCE_BYTES && translator.end() == StreamEnd::Open {
+                            let next = {
+                                let read = resp.read();
+                                tokio::pin!(read);
+                                std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+                            };
+                            match next {
+                                Poll::Ready(Ok(Read::Data(more))) => {
+                                    feed_stream(&mut decoder, translator.as_mut(), more, &mut out);
+                                }
+                                Poll::Ready(Ok(Read::End)) => {
+                                    upstream_done = true;
+                                    upstream_ended = true;
+                                    finish_stream(&mut decoder, translator.as_mut(), &mut out);
+                                    break;
+                                }
+                                Poll::Ready(Err(detail)) => {
+                                    upstream_done = true;
+                                    upstream_broke(&ctx.request_id, &detail, translator.as_mut(), &mut out);
+                                    break;
+                                }
+                                Poll::Pending => break,
+                            }
+                        }
                     }
                     Ok(Read::End) => {
                         upstream_done = true;
+                        upstream_ended = true;
                         finish_stream(&mut decoder, translator.as_mut(), &mut out);
                     }
                     Err(detail) => {
                         upstream_done = true;
-                        log::warn!("request {}: upstream stream broke: {detail}", ctx.request_id);
-                        translator.on_failure(
-                            &ApiError::new(ErrorKind::Upstream, "the model server closed the stream unexpectedly"),
-                            &mut out,
-                        );
+                        upstream_broke(&ctx.request_id, &detail, translator.as_mut(), &mut out);
                     }
                 }
             }
@@ -448,10 +478,16 @@ async fn stream(
         }
         ctx.error = translator.error().map(|e| e.kind.label());
     }
-    resp.finish(&gw.connector).await;
     if committed {
-        session.write_response_body(None, true).await?;
+        // End the client's stream first: reading the upstream's tail must not delay it.
+        let ended = session.write_response_body(None, true).await;
+        if translator.end() == StreamEnd::Complete && !upstream_ended {
+            read_tail(&mut resp).await;
+        }
+        resp.finish(&gw.connector).await;
+        ended?;
     } else {
+        resp.finish(&gw.connector).await;
         // The upstream ended without a byte of output (nothing to commit): say so.
         let e = translator
             .error()
@@ -460,6 +496,40 @@ async fn stream(
         return respond::error(session, ctx, ctx.format, &e).await;
     }
     Ok(())
+}
+
+/// A stream whose upstream broke (reset, garbage framing): logged, and ended for the client
+/// with an error frame in its format.
+fn upstream_broke(
+    request_id: &str,
+    detail: &str,
+    translator: &mut dyn StreamTranslator,
+    out: &mut Vec<u8>,
+) {
+    log::warn!("request {request_id}: upstream stream broke: {detail}");
+    translator.on_failure(
+        &ApiError::new(
+            ErrorKind::Upstream,
+            "the model server closed the stream unexpectedly",
+        ),
+        out,
+    );
+}
+
+/// Most client bytes gathered from already-arrived upstream chunks before a write.
+const COALESCE_BYTES: usize = 16 * 1024;
+
+/// How long a finished stream waits for the upstream's end of body (the chunked terminator
+/// after `[DONE]`, usually in the same read or the next): a body read to its end lets the
+/// connection go back to the pool instead of a new connection per stream.
+const TAIL_WAIT: Duration = Duration::from_millis(50);
+
+/// Reads what is left of a finished stream's upstream body (nothing of use: its last event has
+/// been translated), bounded by [`TAIL_WAIT`]. The timer is only armed if the end has not
+/// arrived already.
+async fn read_tail(resp: &mut UpstreamResponse) {
+    let until = deadline(tokio::time::Instant::now(), TAIL_WAIT);
+    while let Ok(Ok(Read::Data(_))) = tokio::time::timeout_at(until, resp.read()).await {}
 }
 
 /// Asks a replica's tokenizer (`/tokenize`) to count a prompt; returns the upstream body, or

@@ -684,3 +684,31 @@ def test_rate_limit_per_tenant_tokens(limited_gateway):
     assert_limited(gw, k1, "tenant", "tokens")
     assert_limited(gw, k2, "tenant", "tokens")
     assert ask(gw, "messages", other, "x [[sim: tokens=1]]")[0] == 200, "other tenants are unaffected"
+
+
+def test_upstream_connections_are_reused_after_streams(workdir):
+    """A finished stream's upstream body is read to its end, so the connection goes back to the
+    pool: sequential requests of every kind, streamed or not, share one upstream connection
+    instead of opening one each (a TCP handshake and a new vLLM connection per stream)."""
+    sim = Sim(workdir, name="sim-reuse").start()
+    gw = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-reuse").start()
+    _, key = gw.new_tenant("reuse")
+    since = sim.stats()["seq"]
+    c = openai.OpenAI(base_url=gw.base + "/v1", api_key=key, max_retries=0)
+    m = anthropic.Anthropic(base_url=gw.base, api_key=key, max_retries=0)
+    for i in range(4):
+        for _ in c.chat.completions.create(
+            model="colibri", stream=True, messages=[{"role": "user", "content": f"{i} [[sim: tokens=30]]"}]
+        ):
+            pass
+        with m.messages.stream(model="colibri", max_tokens=50,
+                               messages=[{"role": "user", "content": f"{i} [[sim: tokens=30]]"}]) as s:
+            s.get_final_message()
+        c.chat.completions.create(model="colibri", messages=[{"role": "user", "content": f"{i} [[sim: tokens=3]]"}])
+    recs = [r for r in sim.requests(since) if r["request_id"]]
+    gw.stop()
+    sim.stop()
+    assert len(recs) == 12, len(recs)
+    peers = {r["peer"] for r in recs}
+    # Sequential requests: one connection does (the key check before the loop may add one).
+    assert len(peers) <= 2, f"{len(peers)} upstream connections for 12 sequential requests: {sorted(peers)}"

@@ -45,6 +45,9 @@ pub struct Record {
     pub reported_completion_tokens: Option<usize>,
     pub cancelled: bool,
     pub finish_reason: Option<String>,
+    /// The client's address (`ip:port`): one per connection, so a client that reuses its
+    /// connections shows few.
+    pub peer: String,
 }
 
 pub struct Sim {
@@ -167,6 +170,10 @@ impl Sim {
             reported_completion_tokens: None,
             cancelled: false,
             finish_reason: None,
+            peer: session
+                .client_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
         };
         let req: Value = match serde_json::from_slice(&body) {
             Ok(v @ Value::Object(_)) => v,
