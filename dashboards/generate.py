@@ -454,12 +454,15 @@ def operations() -> dict:
                      [(f"sum by (model) ({rate('quipu_upstream_retries_total', M)})", "{{model}}")], "ops"), 8, 8)
 
     b.row("Connections")
+    b.add(timeseries("Client connections", "Open client connections on the API listener, idle keep-alive ones included (quipu_client_connections), and connections closed on accept because server.max_connections were open (quipu_client_connections_refused_total, per second).",
+                     [("sum(quipu_client_connections)", "open"),
+                      (f"sum({rate('quipu_client_connections_refused_total')})", "refused/s")], "short"), 6, 8)
     b.add(timeseries("In-flight requests by route", "API requests being handled, by route (quipu_requests_in_flight).",
-                     [("sum by (route) (quipu_requests_in_flight)", "{{route}}")], "short", stack=True), 8, 8)
+                     [("sum by (route) (quipu_requests_in_flight)", "{{route}}")], "short", stack=True), 6, 8)
     b.add(timeseries("Open streams", "Streaming responses in progress (quipu_streams_open).",
-                     [("sum(quipu_streams_open)", "open streams")], "short"), 8, 8)
+                     [("sum(quipu_streams_open)", "open streams")], "short"), 6, 8)
     b.add(timeseries("Client disconnects", "Clients that went away before their response was complete, per second by route; their usage so far is still billed (quipu_client_disconnects_total).",
-                     [(f"sum by (route) ({rate('quipu_client_disconnects_total')})", "{{route}}")], "reqps"), 8, 8)
+                     [(f"sum by (route) ({rate('quipu_client_disconnects_total')})", "{{route}}")], "reqps"), 6, 8)
 
     b.row("Ledger")
     flush = "quipu_ledger_flush_seconds"

@@ -11,8 +11,8 @@
 //! for dashboards only; the ledger is the authoritative record.
 
 use prometheus::{
-    exponential_buckets, Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::sync::LazyLock;
 
@@ -61,6 +61,8 @@ pub struct Metrics {
     pub upstream_retries: IntCounterVec,
     pub affinity_hits: IntCounterVec,
     pub client_disconnects: IntCounterVec,
+    pub client_connections: IntGauge,
+    pub connections_refused: IntCounter,
     pub ledger_queue: IntGauge,
     pub ledger_flush_seconds: HistogramVec,
     pub ledger_rows: IntCounterVec,
@@ -216,6 +218,16 @@ impl Metrics {
                 "Clients that went away before their response was complete",
                 &["route"],
             ),
+            client_connections: IntGauge::new(
+                "quipu_client_connections",
+                "Open client connections on the API listener, idle keep-alive ones included",
+            )
+            .expect("valid gauge"),
+            connections_refused: IntCounter::new(
+                "quipu_client_connections_refused_total",
+                "Client connections closed on accept because server.max_connections were open",
+            )
+            .expect("valid counter"),
             ledger_queue: IntGauge::new(
                 "quipu_ledger_queue_rows",
                 "Ledger rows waiting to be written to the store",
@@ -275,6 +287,8 @@ impl Metrics {
             Box::new(self.upstream_retries.clone()),
             Box::new(self.affinity_hits.clone()),
             Box::new(self.client_disconnects.clone()),
+            Box::new(self.client_connections.clone()),
+            Box::new(self.connections_refused.clone()),
             Box::new(self.ledger_queue.clone()),
             Box::new(self.ledger_flush_seconds.clone()),
             Box::new(self.ledger_rows.clone()),

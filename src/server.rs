@@ -76,6 +76,7 @@ fn replica_id(config: &Config) -> String {
 
 struct MetricsApp {
     accounts: Arc<Accounts>,
+    life: Arc<Lifecycle>,
 }
 
 #[async_trait::async_trait]
@@ -88,6 +89,8 @@ impl ServeHttp for MetricsApp {
             m().reservations_open
                 .set(i64::try_from(totals.open).unwrap_or(i64::MAX));
             m().reserved_pen.set(totals.reserved.picos() as f64 / 1e12);
+            m().client_connections
+                .set(i64::try_from(self.life.connections()).unwrap_or(i64::MAX));
             (
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -239,6 +242,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         "quipu metrics".into(),
         HttpServer::new_app(MetricsApp {
             accounts: accounts.clone(),
+            life: life.clone(),
         }),
     );
     metrics.add_tcp(&config.server.metrics_listen.to_string());

@@ -105,6 +105,7 @@ impl Lifecycle {
     }
 
     fn note_refusal(&self, max: usize, started: std::time::Instant) {
+        crate::metrics::m().connections_refused.inc();
         let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
         // At most one line a second: a flood must not become a flood of log lines.
         let now_s = started.elapsed().as_secs() + 1;

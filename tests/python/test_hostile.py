@@ -471,6 +471,9 @@ def test_connections_beyond_the_cap_are_closed_and_the_first_ones_work(workdir, 
             got = b""
         extra.close()
         assert got == b"", f"connection {cap + 1} was served: {got[:100]!r}"
+        # The metrics say so (the metrics listener is not an API connection).
+        assert gw.metric_value("quipu_client_connections_refused_total") >= 1
+        assert gw.metric_value("quipu_client_connections") == cap
         # The first ones keep working, on the same connections.
         assert [ask(c) for c in conns] == [200] * cap
         assert [c.sock for c in conns] == socks

@@ -9,7 +9,7 @@ import urllib.request
 import anthropic
 import pytest
 
-from harness import http_json, sse_events
+from harness import Gateway, http_json, sse_events
 
 TOOLS = [
     {
@@ -101,6 +101,25 @@ def test_count_tokens_comes_from_the_upstream_tokenizer(gw, tenant):
     assert status == 200 and set(body) == {"input_tokens"}
 
 
+def test_count_tokens_without_an_upstream_tokenizer_is_a_clear_501(workdir, sim):
+    """A server with no tokenizer endpoint (here: a path it does not serve, as llama.cpp builds
+    without `/tokenize` or SGLang answer) gets a 501 in the messages shape that says so — never
+    a heuristic count."""
+    g = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-notok",
+                model_extra='tokenize_path = "/no-tokenizer-here"').start()
+    try:
+        _, key = g.new_tenant("notok")
+        with pytest.raises(anthropic.HTTPNotImplementedError) as e:
+            client(g, key).messages.count_tokens(
+                model="colibri", messages=[{"role": "user", "content": "hola"}])
+        assert e.value.status_code == 501
+        assert e.value.body["error"]["type"] == "api_error"
+        assert "no tokenizer" in e.value.body["error"]["message"]
+        assert "/no-tokenizer-here" in e.value.body["error"]["message"]
+    finally:
+        g.stop()
+
+
 def test_models_list(gw):
     page = anthropic.Anthropic(base_url=gw.base, api_key="unused").models.list()
     assert [m.id for m in page.data] == ["colibri", "aguila", "apu"]
@@ -144,15 +163,41 @@ def test_errors_raise_the_sdk_classes(gw, tenant):
         )
 
 
+def test_billing_size_and_timeout_errors_raise_the_sdk_classes(workdir, sim):
+    """402, 413 and 504 through the SDK: each status maps to its exception class, and the body
+    is the messages error shape with the DESIGN.md type."""
+    g = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-sdkerr",
+                server_extra="max_body_bytes = 1048576",
+                model_extra="timeouts = { request_ms = 500, first_byte_ms = 500 }").start()
+    try:
+        _, key = g.new_tenant("sdkerr")
+        _, broke = g.new_tenant("sdkbroke", top_up=None)
+        hello = [{"role": "user", "content": "hola"}]
+        e = expect_status(g, broke, 402, anthropic.PaymentRequiredError, model="colibri", messages=hello)
+        assert e.body["error"]["type"] == "billing_error"
+        e = expect_status(g, key, 413, anthropic.ContentTooLargeError, model="colibri",
+                          messages=[{"role": "user", "content": "x" * (1024 * 1024 + 1)}])
+        assert e.body["error"]["type"] == "request_too_large"
+        e = expect_status(g, key, 504, anthropic.GatewayTimeoutError, model="colibri",
+                          messages=[{"role": "user", "content": "[[sim: ttfb_ms=2000]]"}])
+        assert e.body["error"]["type"] == "timeout_error"
+    finally:
+        g.stop()
+
+
 def test_mid_stream_error_is_an_error_event(gw, tenant):
     _, key = tenant
+    seen = []
     with pytest.raises(anthropic.APIStatusError) as e:
         with client(gw, key).messages.stream(
-            model="colibri", max_tokens=100, messages=[{"role": "user", "content": "[[sim: fail_after=2]]"}]
+            model="colibri", max_tokens=100, messages=[{"role": "user", "content": "[[sim: tokens=10 fail_after=2]]"}]
         ) as s:
-            for _ in s:
-                pass
-    assert "error" in str(e.value).lower()
+            for ev in s:
+                seen.append(ev.type)
+    # The generated text arrived first; then the error frame, typed as the upstream's failure.
+    assert "message_start" in seen and "content_block_delta" in seen, seen
+    assert e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "api_error", e.value.body
 
 
 def raw_stream(gw, key, body, headers=None):
