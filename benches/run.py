@@ -394,8 +394,13 @@ def main() -> int:
         args.repeat = 1
     global WORK
     WORK = Path(tempfile.mkdtemp(prefix="quipu-bench-"))
+    # Each open stream holds two descriptors in a proxy (client and upstream): 10,000 streams
+    # need more than the usual 20,000. Root may raise the hard limit; others get what they have.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(hard, 65536), max(hard, 65536)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     sim_port = free_port()
     sim = Server("sim", [str(REL / "quipu-sim"), "--listen", f"127.0.0.1:{sim_port}", "--threads", "1"], "1")
     wait_http(f"http://127.0.0.1:{sim_port}/health")
