@@ -41,16 +41,15 @@ pub async fn handle(
         downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
     }
     match ctx.route {
-        Route::Models => respond::json(session, ctx, 200, gw.catalog.models.clone(), None).await,
-        Route::Pricing => respond::json(session, ctx, 200, gw.catalog.pricing.clone(), None).await,
-        Route::Plans => respond::json(session, ctx, 200, gw.catalog.plans.clone(), None).await,
+        Route::Models => respond::json(session, ctx, 200, gw.catalog.models.clone()).await,
+        Route::Pricing => respond::json(session, ctx, 200, gw.catalog.pricing.clone()).await,
+        Route::Plans => respond::json(session, ctx, 200, gw.catalog.plans.clone()).await,
         Route::Health => {
             respond::json(
                 session,
                 ctx,
                 200,
                 Bytes::from_static(b"{\"status\":\"ok\"}"),
-                None,
             )
             .await
         }
@@ -65,7 +64,7 @@ pub async fn handle(
                 .unwrap_or_default()
                 .to_owned();
             match gw.catalog.model(&id) {
-                Some(body) => respond::json(session, ctx, 200, body, None).await,
+                Some(body) => respond::json(session, ctx, 200, body).await,
                 None => {
                     let e = ApiError::new(
                         ErrorKind::ModelNotFound,
@@ -429,7 +428,7 @@ async fn count_tokens(
     }
     match relay::tokenize(gw, session, ctx, model, &tokenize_body).await {
         Ok(Some(upstream)) => match messages::tokenize_to_count_tokens(&upstream) {
-            Ok(out) => respond::json(session, ctx, 200, Bytes::from(out), None).await,
+            Ok(out) => respond::json(session, ctx, 200, Bytes::from(out)).await,
             Err(e) => fail(session, ctx, &e).await,
         },
         // The client went away: nobody to answer.

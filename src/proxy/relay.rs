@@ -300,7 +300,7 @@ pub async fn completion(
         match translated {
             Ok((out, usage)) => {
                 ctx.usage = Some(usage);
-                respond::json(session, ctx, 200, Bytes::from(out), None).await
+                respond::json(session, ctx, 200, Bytes::from(out)).await
             }
             Err(e) => {
                 // The tokens were spent even though the answer is unusable: bill them.

@@ -5,7 +5,7 @@
 //! response filters, so these headers are added here and nowhere else.
 
 use super::RequestCtx;
-use crate::error::{ApiError, ClientFormat};
+use crate::error::{ApiError, ClientFormat, ErrorKind};
 use bytes::Bytes;
 use http::HeaderValue;
 use pingora::http::ResponseHeader;
@@ -31,13 +31,41 @@ pub async fn json(
     ctx: &mut RequestCtx,
     status: u16,
     body: Bytes,
-    retry_after: Option<u64>,
 ) -> pingora::Result<()> {
-    let mut h = base_header(status, ctx, 3)?;
+    write_json(session, ctx, status, body, None).await
+}
+
+/// Writes an error in the client's format with its status, plus `retry-after` and
+/// `x-should-retry` when its kind has them.
+pub async fn error(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    format: ClientFormat,
+    err: &ApiError,
+) -> pingora::Result<()> {
+    ctx.error = Some(err.kind.label());
+    let body = err.body(format, &ctx.request_id);
+    write_json(session, ctx, err.status(format), body, Some(&err.kind)).await
+}
+
+async fn write_json(
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    status: u16,
+    body: Bytes,
+    error: Option<&ErrorKind>,
+) -> pingora::Result<()> {
+    let mut h = base_header(status, ctx, 4)?;
     h.insert_header("content-type", HeaderValue::from_static("application/json"))?;
     h.insert_header("content-length", HeaderValue::from(body.len()))?;
-    if let Some(s) = retry_after {
-        h.insert_header("retry-after", HeaderValue::from(s))?;
+    if let Some(kind) = error {
+        if let Some(s) = kind.retry_after() {
+            h.insert_header("retry-after", HeaderValue::from(s))?;
+        }
+        if let Some(retry) = kind.should_retry() {
+            let v = if retry { "true" } else { "false" };
+            h.insert_header("x-should-retry", HeaderValue::from_static(v))?;
+        }
     }
     ctx.status = status;
     let head_only = session.req_header().method == http::Method::HEAD;
@@ -48,25 +76,6 @@ pub async fn json(
         session.write_response_body(Some(body), true).await?;
     }
     Ok(())
-}
-
-/// Writes an error in the client's format with its status (and `retry-after` when it has one).
-pub async fn error(
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    format: ClientFormat,
-    err: &ApiError,
-) -> pingora::Result<()> {
-    ctx.error = Some(err.kind.label());
-    let body = err.body(format, &ctx.request_id);
-    json(
-        session,
-        ctx,
-        err.status(format),
-        body,
-        err.kind.retry_after(),
-    )
-    .await
 }
 
 /// Commits a `200` event stream: chunked, not cached, not buffered by intermediaries.

@@ -21,7 +21,8 @@ TOOLS = [
 
 
 def client(gw, key, **kw):
-    return anthropic.Anthropic(base_url=gw.base, api_key=key, max_retries=0, **kw)
+    kw.setdefault("max_retries", 0)
+    return anthropic.Anthropic(base_url=gw.base, api_key=key, **kw)
 
 
 def test_create(gw, sim, tenant):
@@ -109,10 +110,14 @@ def test_count_tokens_without_an_upstream_tokenizer_is_a_clear_501(workdir, sim)
                 model_extra='tokenize_path = "/no-tokenizer-here"').start()
     try:
         _, key = g.new_tenant("notok")
+        # The SDK's own retry policy (two retries of every 5xx) is left on: the gateway's
+        # `x-should-retry: false` must stop it, since asking again cannot succeed.
         with pytest.raises(anthropic.HTTPNotImplementedError) as e:
-            client(g, key).messages.count_tokens(
+            client(g, key, max_retries=2).messages.count_tokens(
                 model="colibri", messages=[{"role": "user", "content": "hola"}])
         assert e.value.status_code == 501
+        assert e.value.response.headers["x-should-retry"] == "false"
+        assert g.metric_value("quipu_requests_total", route="count_tokens", status="501") == 1
         assert e.value.body["error"]["type"] == "api_error"
         assert "no tokenizer" in e.value.body["error"]["message"]
         assert "/no-tokenizer-here" in e.value.body["error"]["message"]

@@ -15,6 +15,10 @@
 //! | `RequestTooLarge` | 413 | `request_too_large` | `invalid_request_error` / `request_too_large` |
 //! | `Overloaded` | 529 / 503 | `overloaded_error` | `server_error` / `upstream_unavailable` |
 //! | `UpstreamTimeout` | 504 | `timeout_error` | `server_error` / `upstream_timeout` |
+//!
+//! Rate-limited and overloaded answers carry `retry-after`; an answer that no retry can change
+//! (no tokenizer upstream: 501) carries `x-should-retry: false`, so the SDKs do not send it
+//! three times.
 
 use bytes::Bytes;
 use std::fmt;
@@ -144,6 +148,16 @@ impl ErrorKind {
             ErrorKind::RateLimited { retry_after } | ErrorKind::Overloaded { retry_after } => {
                 Some(*retry_after)
             }
+            _ => None,
+        }
+    }
+
+    /// `false` for a failure that fails the same way however often it is retried: sent as
+    /// `x-should-retry: false`, which both official SDKs obey before their status rules (they
+    /// would otherwise retry every 5xx twice). `None` leaves the decision to those rules.
+    pub fn should_retry(&self) -> Option<bool> {
+        match self {
+            ErrorKind::TokenizerUnavailable => Some(false),
             _ => None,
         }
     }
@@ -367,6 +381,20 @@ mod tests {
                 assert!(v.is_object(), "{k:?} {f:?}");
                 assert!((400..600).contains(&e.status(f)));
             }
+        }
+    }
+
+    #[test]
+    fn only_failures_that_cannot_change_forbid_a_retry() {
+        assert_eq!(ErrorKind::TokenizerUnavailable.should_retry(), Some(false));
+        // Overload, timeouts and upstream faults are worth the SDK's retries.
+        for kind in [
+            ErrorKind::Overloaded { retry_after: 1 },
+            ErrorKind::UpstreamTimeout,
+            ErrorKind::Upstream,
+            ErrorKind::Internal,
+        ] {
+            assert_eq!(kind.should_retry(), None, "{kind:?}");
         }
     }
 
