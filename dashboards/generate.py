@@ -467,11 +467,13 @@ def operations() -> dict:
     b.row("Ledger")
     flush = "quipu_ledger_flush_seconds"
     b.add(timeseries("Ledger queue depth", "Ledger rows waiting to be written to the store (quipu_ledger_queue_rows). A crash loses at most this many rows; growth means the store is slow or down.",
-                     [("sum(quipu_ledger_queue_rows)", "queued rows")], "short"), 8, 8)
+                     [("sum(quipu_ledger_queue_rows)", "queued rows")], "short"), 6, 8)
     b.add(timeseries("Ledger flush latency", "Time to write one batch of ledger rows to the store, successful batches (quipu_ledger_flush_seconds{result=\"ok\"}), p50/p95/p99.",
-                     quantiles(flush, 'result="ok"'), "s"), 8, 8)
+                     quantiles(flush, 'result="ok"'), "s"), 6, 8)
     b.add(timeseries("Ledger flushes by result", "Batch writes per second by result: ok, or error (retried with backoff, rows kept).",
-                     [(f"sum by (result) ({rate(flush + '_count')})", "{{result}}")], "ops"), 8, 8)
+                     [(f"sum by (result) ({rate(flush + '_count')})", "{{result}}")], "ops"), 6, 8)
+    b.add(timeseries("Unimported ledger spill files", "Spill files left by a shutdown with the store unreachable (quipu_ledger_spill_files; the most any gateway counts, as gateways may share a directory): their charges are not in the balances until `quipu ledger import` runs. Should be 0.",
+                     [("max by (state) (quipu_ledger_spill_files)", "{{state}}")], "short"), 6, 8)
 
     return dashboard(
         "quipu-operations",

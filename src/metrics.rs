@@ -66,6 +66,7 @@ pub struct Metrics {
     pub ledger_queue: IntGauge,
     pub ledger_flush_seconds: HistogramVec,
     pub ledger_rows: IntCounterVec,
+    pub ledger_spill_files: IntGaugeVec,
     pub keys_active: IntGauge,
     pub build_info: IntGaugeVec,
     pub gateway_overhead: HistogramVec,
@@ -244,6 +245,11 @@ impl Metrics {
                 "Ledger rows written (new), skipped as already recorded (duplicate), refused as invalid and moved to the dead-letter table (rejected), or written to a spill file at a shutdown with the store unreachable (spilled)",
                 &["result"],
             ),
+            ledger_spill_files: gauge_vec(
+                "quipu_ledger_spill_files",
+                "Ledger spill files in store.spill_dir not imported yet: their charges are not in the tenants' balances until `quipu ledger import` (complete), or a process died writing them (incomplete)",
+                &["state"],
+            ),
             keys_active: IntGauge::new("quipu_keys_active", "Active API keys in the snapshot")
                 .expect("valid gauge"),
             build_info: gauge_vec(
@@ -292,6 +298,7 @@ impl Metrics {
             Box::new(self.ledger_queue.clone()),
             Box::new(self.ledger_flush_seconds.clone()),
             Box::new(self.ledger_rows.clone()),
+            Box::new(self.ledger_spill_files.clone()),
             Box::new(self.keys_active.clone()),
             Box::new(self.build_info.clone()),
             Box::new(self.gateway_overhead.clone()),

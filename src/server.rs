@@ -54,6 +54,8 @@ const DRAIN_QUIET: Duration = Duration::from_millis(250);
 const LEASE_STALE_MS: i64 = 30_000;
 const LEASE_HEARTBEAT: Duration = Duration::from_secs(5);
 const LEASE_IDLE_RETURN: Duration = Duration::from_secs(3);
+/// How often `quipu_ledger_spill_files` is re-counted (one directory listing).
+const SPILL_RECOUNT: Duration = Duration::from_secs(5);
 /// A replica stops admitting against a lease the store has not confirmed for this long: half
 /// the stale threshold, so it stops well before another replica may reclaim the lease.
 const LEASE_FENCE: Duration = Duration::from_millis(LEASE_STALE_MS as u64 / 2);
@@ -319,7 +321,8 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
 }
 
 /// Logs a warning naming the ledger spill files of an earlier shutdown that are still to be
-/// imported. Importing is the operator's decision (`quipu ledger import`), never automatic.
+/// imported, and exports their number. Importing is the operator's decision
+/// (`quipu ledger import`), never automatic.
 fn warn_about_spill_files(dir: &std::path::Path) {
     let names = |files: &[std::path::PathBuf]| {
         files
@@ -330,6 +333,7 @@ fn warn_about_spill_files(dir: &std::path::Path) {
     };
     match crate::billing::spill::pending(dir) {
         Ok((complete, incomplete)) => {
+            export_spill_files(complete.len(), incomplete.len());
             if !complete.is_empty() {
                 log::warn!(
                     "{} ledger spill file(s) from an earlier shutdown with the store unreachable \
@@ -353,6 +357,23 @@ fn warn_about_spill_files(dir: &std::path::Path) {
             dir.display()
         ),
     }
+}
+
+/// Re-counts the spill files (an import by `quipu ledger import` renames them), so the gauge
+/// an alert watches falls back to zero without a restart.
+async fn recount_spill_files(dir: std::path::PathBuf) {
+    let counted = tokio::task::spawn_blocking(move || crate::billing::spill::pending(&dir)).await;
+    if let Ok(Ok((complete, incomplete))) = counted {
+        export_spill_files(complete.len(), incomplete.len());
+    }
+}
+
+fn export_spill_files(complete: usize, incomplete: usize) {
+    let gauge = &m().ledger_spill_files;
+    gauge.with_label_values(&["complete"]).set(complete as i64);
+    gauge
+        .with_label_values(&["incomplete"])
+        .set(incomplete as i64);
 }
 
 /// Waits until no client connection (and so no request of any route) has been open for
@@ -444,6 +465,7 @@ fn spawn_background(
     accounts: Arc<Accounts>,
 ) {
     let refresh = config.store.key_refresh;
+    let spill_dir = config.store.spill_dir.clone();
     let key_store = store.clone();
     rt.spawn(async move {
         let mut tick = tokio::time::interval(refresh);
@@ -467,6 +489,9 @@ fn spawn_background(
             let totals = accounts.totals();
             m().reserved_pen.set(totals.reserved.picos() as f64 / 1e12);
             accounts.return_idle_leases(LEASE_IDLE_RETURN).await;
+            if n % SPILL_RECOUNT.as_secs() == 0 {
+                recount_spill_files(spill_dir.clone()).await;
+            }
             if n % LEASE_HEARTBEAT.as_secs() == 0 {
                 if let Err(e) = accounts.heartbeat().await {
                     log::warn!("lease heartbeat failed: {e}");

@@ -21,7 +21,7 @@ from decimal import Decimal
 
 import pytest
 
-from harness import ADMIN_TOKEN, ROOT, Gateway, Sim, http_json
+from harness import ADMIN_TOKEN, ROOT, Gateway, Sim, http_json, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -264,14 +264,19 @@ def test_a_shutdown_with_the_database_down_spills_and_the_import_restores_every_
     st = gw.cli("statement", "--tenant", "spill")
     assert Decimal(st["balance"]) == top_up - expected[stored]
 
-    # A restarted gateway names the file it has not imported, and leaves it alone.
+    # A restarted gateway names the file it has not imported, leaves it alone, and exports the
+    # count an alert watches; the import (run while it serves) brings the count back to 0.
     gw.start()
     restart_log = gw.process.log_path.read_text(errors="replace")[len(log):]
     assert "not imported" in restart_log and str(spill) in restart_log, restart_log[-2000:]
     assert spill.exists()
-    assert gw.stop() == 0
+    assert gw.metric_value("quipu_ledger_spill_files", state="complete") == 1
+    assert gw.metric_value("quipu_ledger_spill_files", state="incomplete") == 0
 
     report = gw.cli("ledger", "import", str(spill))
+    wait_until(lambda: gw.metric_value("quipu_ledger_spill_files", state="complete") == 0,
+               timeout=12, what="quipu_ledger_spill_files back to 0 after the import")
+    assert gw.stop() == 0
     (f,) = report["files"]
     assert sorted(f["new"]) == sorted(answered) and f["duplicate"] == [] and f["rejected"] == []
     assert Decimal(f["charged"]) == sum(expected[rid] for rid in answered)
