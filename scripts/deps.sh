@@ -16,6 +16,10 @@ if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
   command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
   command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+  # Debian's python3 cannot make a venv without python3-venv (ensurepip).
+  python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
+  # Claude Code's integration test installs the CLI with npm (scripts/deps-claude-code.sh).
+  command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then

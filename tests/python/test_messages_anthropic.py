@@ -162,6 +162,12 @@ def test_errors_raise_the_sdk_classes(gw, tenant):
         gw, key, 429, anthropic.RateLimitError, model="colibri",
         messages=[{"role": "user", "content": "[[sim: status=429]]"}],
     )
+    # An upstream 500 is the gateway's fault, not the client's: 502 `api_error`.
+    e = expect_status(
+        gw, key, 502, anthropic.InternalServerError, model="colibri",
+        messages=[{"role": "user", "content": "[[sim: status=500]]"}],
+    )
+    assert e.body["error"]["type"] == "api_error" and e.response.headers.get("request-id")
     with pytest.raises(anthropic.BadRequestError):
         client(gw, key, default_headers={"anthropic-version": "yesterday"}).messages.create(
             model="colibri", max_tokens=10, messages=hello

@@ -795,9 +795,9 @@ fn validate_store(
             s.ledger_flush_ms
         ));
     }
-    if s.key_refresh_ms == 0 || s.key_refresh_ms > 2_000 {
+    if s.key_refresh_ms == 0 || s.key_refresh_ms > 1_500 {
         errs.push(format!(
-            "store.key_refresh_ms must be between 1 and 2000 (revocations must apply within 2 s), got {}",
+            "store.key_refresh_ms must be between 1 and 1500 (a revocation must apply within 2 s, the reload query included), got {}",
             s.key_refresh_ms
         ));
     }
