@@ -6,7 +6,7 @@ import time
 import openai
 import pytest
 
-from harness import http_json
+from harness import Gateway, Sim, http_json
 
 
 def client(gw, key):
@@ -34,6 +34,35 @@ def test_create(gw, sim, tenant):
     up = last_upstream(sim)
     assert up["model"] == "upstream-colibri"
     assert up["max_tokens"] == 8192 and up["temperature"] == 0.6
+
+
+@pytest.mark.parametrize("sim_args", [("--flavor", "sglang"), ("--flavor", "llamacpp"), ("--no-cached-details",)],
+                         ids=["sglang", "llamacpp", "vllm-without-details"])
+def test_usage_always_has_cached_tokens(workdir, sim_args):
+    """The spec's usage always has `prompt_tokens_details.cached_tokens`, whatever the model
+    server left out (SGLang with no cache hit, llama.cpp, vLLM without the details flag): the
+    client gets the billed count, in the body and in the stream's usage chunk."""
+    name = "-".join(a.strip("-") for a in sim_args)
+    up = Sim(workdir, *sim_args, name=f"sim-{name}").start()
+    g = Gateway(workdir, {"colibri": [up.api_base]}, name=f"quipu-{name}").start()
+    try:
+        _, key = g.new_tenant(name)
+        c = client(g, key)
+        msgs = [{"role": "user", "content": f"una pregunta nueva para {name}: " + "palabra " * 200}]
+        r = c.chat.completions.create(model="colibri", messages=msgs)
+        assert r.usage.prompt_tokens_details.cached_tokens == 0, r.usage
+        # The same prompt again: the simulator's prefix cache serves part of it.
+        r = c.chat.completions.create(model="colibri", messages=msgs)
+        details = r.usage.prompt_tokens_details
+        expect_hits = sim_args != ("--no-cached-details",)
+        assert details is not None and (details.cached_tokens > 0) == expect_hits, r.usage
+        chunks = list(c.chat.completions.create(model="colibri", messages=msgs, stream=True,
+                                                stream_options={"include_usage": True}))
+        u = chunks[-1].usage
+        assert u is not None and u.prompt_tokens_details.cached_tokens == details.cached_tokens, u
+    finally:
+        g.stop()
+        up.stop()
 
 
 def test_rules_reach_the_upstream(gw, sim, tenant):

@@ -67,6 +67,13 @@ pub struct UpstreamTimings {
 }
 
 impl UpstreamUsage {
+    /// Whether the object itself carries `prompt_tokens_details.cached_tokens`.
+    pub fn reports_cached_tokens(&self) -> bool {
+        self.prompt_tokens_details
+            .as_ref()
+            .is_some_and(|d| d.cached_tokens.is_some())
+    }
+
     /// Converts to [`Usage`]; `timings` is the llama.cpp fallback for the cached count.
     pub fn to_usage(&self, timings: Option<&UpstreamTimings>) -> Usage {
         let cached = self

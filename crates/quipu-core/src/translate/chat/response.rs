@@ -87,11 +87,56 @@ fn non_empty(raw: Option<&RawValue>) -> Option<&RawValue> {
     })
 }
 
-fn parse_usage(raw: Option<&RawValue>, timings: Option<&UpstreamTimings>) -> Option<Usage> {
+/// The usage to bill, and whether the upstream's own object reported `cached_tokens`.
+fn parse_usage(raw: Option<&RawValue>, timings: Option<&UpstreamTimings>) -> Option<(Usage, bool)> {
     let raw = raw.filter(|r| r.get() != "null")?;
     serde_json::from_str::<UpstreamUsage>(raw.get())
         .ok()
-        .map(|u| u.to_usage(timings))
+        .map(|u| (u.to_usage(timings), u.reports_cached_tokens()))
+}
+
+/// `prompt_tokens_details` of a usage object, as a span (`null` included).
+#[derive(Deserialize)]
+struct UsageSpans<'a> {
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    prompt_tokens_details: Option<&'a RawValue>,
+}
+
+/// Gives a usage object the client sees `prompt_tokens_details.cached_tokens`, which the
+/// spec's chat shape always has: vLLM without `--enable-prompt-tokens-details` sends `null`
+/// there, SGLang and llama.cpp often leave it out. The count written is the one billed
+/// (llama.cpp's `timings.cache_n` when that is where the upstream put it). Only called for a
+/// usage object without the count, so a complete one is relayed byte for byte.
+fn add_cached_tokens(src: &[u8], usage: &RawValue, billed: &Usage, splice: &mut Splice) {
+    let Some(range) = range_of(src, usage) else {
+        return;
+    };
+    let Ok(spans) = serde_json::from_str::<UsageSpans>(usage.get()) else {
+        return;
+    };
+    let mut details = Vec::with_capacity(40);
+    details.extend_from_slice(b"{\"cached_tokens\":");
+    details.extend_from_slice(billed.cached().to_string().as_bytes());
+    details.push(b'}');
+    match spans.prompt_tokens_details.and_then(|d| range_of(src, d)) {
+        // `null`, or an object without the count: replaced whole.
+        Some(value) => splice.replace(value, &details),
+        None => {
+            let body = &src[range.clone()];
+            let Some(close) = body.iter().rposition(|&b| b == b'}') else {
+                return;
+            };
+            let empty = body[1..close].iter().all(u8::is_ascii_whitespace);
+            let mut member = Vec::with_capacity(details.len() + 26);
+            if !empty {
+                member.push(b',');
+            }
+            member.extend_from_slice(b"\"prompt_tokens_details\":");
+            member.extend_from_slice(&details);
+            let at = range.start + close;
+            splice.replace(at..at, &member);
+        }
+    }
 }
 
 /// Adds splice edits that expose reasoning under the configured field names.
@@ -192,10 +237,14 @@ pub fn upstream_to_chat(
         .choices
         .as_ref()
         .ok_or_else(|| malformed_stream("a completion without choices"))?;
-    let usage = parse_usage(spans.usage, spans.timings.as_ref()).unwrap_or_default();
+    let parsed = parse_usage(spans.usage, spans.timings.as_ref());
+    let usage = parsed.map(|(u, _)| u).unwrap_or_default();
     let mut splice = Splice::default();
     if let Some(r) = spans.model.and_then(|m| range_of(upstream_body, m)) {
         splice.replace(r, &slug_json(&ctx.slug));
+    }
+    if let (Some(raw), Some((billed, false))) = (spans.usage, parsed) {
+        add_cached_tokens(upstream_body, raw, &billed, &mut splice);
     }
     for c in choices {
         if let Some(m) = &c.message {
@@ -284,7 +333,8 @@ impl ChatStream {
         if let Some(err) = spans.error {
             return Err(upstream_error_object(err.get().as_bytes(), &self.ctx));
         }
-        let chunk_usage = parse_usage(spans.usage, spans.timings.as_ref());
+        let parsed = parse_usage(spans.usage, spans.timings.as_ref());
+        let chunk_usage = parsed.map(|(u, _)| u);
         let choices = spans.choices.as_deref().unwrap_or_default();
         if choices.is_empty() {
             // The usage-only chunk (or an empty keep-alive chunk).
@@ -299,6 +349,11 @@ impl ChatStream {
         self.splice.clear();
         if let Some(r) = spans.model.and_then(|m| range_of(data, m)) {
             self.splice.replace(r, &self.slug_json);
+        }
+        if choices.is_empty() {
+            if let (Some(raw), Some((billed, false))) = (spans.usage, parsed) {
+                add_cached_tokens(data, raw, &billed, &mut self.splice);
+            }
         }
         if !choices.is_empty() {
             if let Some(r) = spans
@@ -759,5 +814,71 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.status(ClientFormat::Chat), 400);
+    }
+
+    fn non_stream_usage(usage: &str, extra: &str) -> Value {
+        let body = format!(
+            r#"{{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"hi"}},"finish_reason":"stop"}}],"usage":{usage}{extra}}}"#
+        );
+        let (out, _) = upstream_to_chat(body.as_bytes(), &ctx(), ReasoningField::Both).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn every_usage_object_carries_cached_tokens() {
+        // SGLang / llama.cpp: no details at all.
+        let v = non_stream_usage(
+            r#"{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}"#,
+            "",
+        );
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens":5,"completion_tokens":1,"total_tokens":6,
+                   "prompt_tokens_details":{"cached_tokens":0}})
+        );
+        // vLLM without --enable-prompt-tokens-details: `null`.
+        let v = non_stream_usage(
+            r#"{"prompt_tokens":5,"total_tokens":6,"completion_tokens":1,"prompt_tokens_details":null}"#,
+            "",
+        );
+        assert_eq!(
+            v["usage"]["prompt_tokens_details"],
+            json!({"cached_tokens":0})
+        );
+        assert_eq!(v["usage"]["completion_tokens"], 1);
+        // An object without the count; and llama.cpp's count in `timings`.
+        let v = non_stream_usage(
+            r#"{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10,"prompt_tokens_details":{"audio_tokens":0}}"#,
+            r#","timings":{"cache_n":7}"#,
+        );
+        assert_eq!(
+            v["usage"]["prompt_tokens_details"],
+            json!({"cached_tokens":7})
+        );
+        // An empty object gets a member without a stray comma.
+        let v = non_stream_usage("{ }", "");
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens_details":{"cached_tokens":0}})
+        );
+        // A complete object is relayed byte for byte.
+        let usage = r#"{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6,"prompt_tokens_details":{"cached_tokens":4,"x":1}}"#;
+        let body = format!(
+            r#"{{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[],"usage":{usage}}}"#
+        );
+        let (out, _) = upstream_to_chat(body.as_bytes(), &ctx(), ReasoningField::Both).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains(usage));
+    }
+
+    #[test]
+    fn the_stream_usage_chunk_carries_cached_tokens() {
+        let chunk = b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\ndata: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\ndata: [DONE]\n\n";
+        let (frames, done, _) = run(&[chunk], true, ReasoningField::Both);
+        assert!(done);
+        assert_eq!(
+            frames.last().unwrap()["usage"],
+            json!({"prompt_tokens":3,"completion_tokens":1,"total_tokens":4,
+                   "prompt_tokens_details":{"cached_tokens":0}})
+        );
     }
 }
