@@ -11,6 +11,15 @@
 //! admitted per window, and a refused request is told, in `retry-after`, when the window ends.
 //! Token limits count the tokens of finished requests (usage is only known at the end): once a
 //! window's tokens reach the limit, further requests are refused until it ends.
+//!
+//! What that allows, knowingly: requests already admitted when the token count crosses the
+//! limit still finish, so concurrent requests can take a window past its token limit by what
+//! they use; and fixed windows admit up to twice a limit across a window boundary. Both are
+//! the price of an exact count with one atomic operation per request and no per-key history.
+//!
+//! Why not `pingora-limits`: its `Rate` estimates counts in a count-min sketch shared by every
+//! key, which over-counts on hash collisions — a key under its limit can be refused because of
+//! another tenant's traffic. Limits here are per key and per tenant, and must be exact.
 
 use crate::auth::Principal;
 use crate::config::Limits;
