@@ -40,6 +40,15 @@ pub async fn handle(
     } else {
         downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
     }
+    let head = head_bytes(session.req_header());
+    let max_head = gw.config.server.max_header_bytes;
+    if head > max_head {
+        let e = ApiError::new(
+            ErrorKind::HeadersTooLarge,
+            format!("the request head is {head} bytes, over the {max_head}-byte limit"),
+        );
+        return drain_then_error(gw, session, ctx, &e).await;
+    }
     match ctx.route {
         Route::Models => respond::json(session, ctx, 200, gw.catalog.models.clone()).await,
         Route::Pricing => respond::json(session, ctx, 200, gw.catalog.pricing.clone()).await,
@@ -98,6 +107,14 @@ pub async fn handle(
         }
         Route::Chat | Route::Messages | Route::CountTokens => api(gw, session, ctx).await,
     }
+}
+
+/// Size of a request head as sent: request line and header lines, with their separators.
+fn head_bytes(req: &pingora::http::RequestHeader) -> usize {
+    let line = req.method.as_str().len() + req.raw_path().len() + " HTTP/1.1\r\n ".len();
+    req.headers.iter().fold(line, |n, (name, value)| {
+        n + name.as_str().len() + value.len() + ": \r\n".len()
+    })
 }
 
 /// Fails `ctx` with `err`, written in the request's format.

@@ -108,6 +108,42 @@ def test_body_over_the_limit_is_413_in_the_endpoint_shape(routed):
     assert r.status == 200 and conn.sock is sock, "keep-alive survives a 413"
 
 
+def test_headers_over_the_limit_are_431_in_the_endpoint_shape(small):
+    """`server.max_header_bytes` (here the 64 KiB default) answers in the endpoint's shape, with
+    a request id, keeps the connection; heads pingora itself refuses (over 1 MiB, over 256
+    headers) get its bare 400 and a closed connection, and the gateway goes on serving."""
+    g, key = small
+    conn = raw_connection(g)
+    big = {"x-padding": "p" * (65 * 1024)}
+    body = json.dumps({"model": "colibri", "messages": [{"role": "user", "content": "hola"}]})
+    conn.request("POST", "/v1/messages", body, {"x-api-key": key, "Content-Type": "application/json", **big})
+    r = conn.getresponse()
+    err = json.loads(r.read())
+    assert r.status == 431 and r.getheader("request-id"), err
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert "65536-byte limit" in err["error"]["message"]
+    sock = conn.sock
+    conn.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {key}", "Content-Type": "application/json", **big})
+    r = conn.getresponse()
+    err = json.loads(r.read())
+    assert r.status == 431 and err["error"]["code"] == "request_header_fields_too_large", err
+    conn.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 200 and conn.sock is sock, "the connection survives a 431"
+    assert g.metric_value("quipu_requests_total", status="431", error_type="headers_too_large") == 2
+
+    host, port = g.base.split("//")[1].split(":")
+    for head in (b"x-big: " + b"a" * (1100 * 1024) + b"\r\n",
+                 b"".join(b"x-h%d: v\r\n" % i for i in range(300))):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+            reply = s.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    status, _, _ = http_json("GET", g.base + "/v1/models")
+    assert status == 200
+
+
 @pytest.fixture(scope="module")
 def small(workdir):
     """A gateway with a 1 MiB body limit."""

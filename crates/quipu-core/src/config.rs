@@ -53,6 +53,9 @@ pub struct RawConfig {
     pub plans: Vec<RawPlan>,
 }
 
+/// The largest request head pingora 0.9 reads (`MAX_HEADER_SIZE`); above it, a bare 400.
+pub const PINGORA_MAX_HEAD_BYTES: usize = 1_048_575;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawServer {
@@ -62,6 +65,9 @@ pub struct RawServer {
     pub admin_token: Option<String>,
     pub threads: usize,
     pub max_body_bytes: usize,
+    /// A request's head (request line and headers) over this gets a 431 in the endpoint's
+    /// error shape. Pingora itself refuses heads over 1 MiB or with over 256 headers (a bare 400).
+    pub max_header_bytes: usize,
     /// API requests handled at once; beyond it new ones are refused as overloaded.
     pub max_in_flight: usize,
     /// Open client connections (idle keep-alive ones included); further ones are closed at once.
@@ -89,6 +95,7 @@ impl Default for RawServer {
             admin_token: None,
             threads: 2,
             max_body_bytes: 32 * 1024 * 1024,
+            max_header_bytes: 64 * 1024,
             max_in_flight: 10_000,
             max_connections: 10_000,
             header_timeout_ms: 15_000,
@@ -352,6 +359,7 @@ pub struct Server {
     pub admin_token: Option<String>,
     pub threads: usize,
     pub max_body_bytes: usize,
+    pub max_header_bytes: usize,
     pub max_in_flight: usize,
     pub max_connections: usize,
     pub header_timeout: Duration,
@@ -736,6 +744,13 @@ fn validate_server(
             s.max_body_bytes
         ));
     }
+    if !(1024..=PINGORA_MAX_HEAD_BYTES).contains(&s.max_header_bytes) {
+        errs.push(format!(
+            "server.max_header_bytes must be between 1024 and {PINGORA_MAX_HEAD_BYTES} \
+             (pingora refuses larger heads itself), got {}",
+            s.max_header_bytes
+        ));
+    }
     if s.max_connections == 0 {
         errs.push("server.max_connections must be at least 1".into());
     }
@@ -759,6 +774,7 @@ fn validate_server(
         admin_token,
         threads: s.threads,
         max_body_bytes: s.max_body_bytes,
+        max_header_bytes: s.max_header_bytes,
         max_in_flight: s.max_in_flight.max(1),
         max_connections: s.max_connections,
         header_timeout: Duration::from_millis(s.header_timeout_ms),
@@ -1413,6 +1429,30 @@ routing = "random"
                 .contains("store.spill_dir must name a directory"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn head_and_key_poll_limits_are_bounded() {
+        for (server, store, needle) in [
+            (
+                "max_header_bytes = 100",
+                "",
+                "server.max_header_bytes must be between 1024 and 1048575",
+            ),
+            ("max_header_bytes = 2000000", "", "server.max_header_bytes"),
+            (
+                "",
+                "key_refresh_ms = 2000",
+                "store.key_refresh_ms must be between 1 and 1500",
+            ),
+        ] {
+            let text = format!("{MINIMAL}\n[server]\n{server}\n[store]\n{store}\n");
+            let e = parse(&text).unwrap_err();
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+        let c = parse(&format!("{MINIMAL}\n[server]\nmax_header_bytes = 8192\n")).unwrap();
+        assert_eq!(c.server.max_header_bytes, 8192);
+        assert_eq!(parse(MINIMAL).unwrap().server.max_header_bytes, 64 * 1024);
     }
 
     #[test]

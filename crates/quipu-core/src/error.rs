@@ -13,6 +13,7 @@
 //! | `InsufficientBalance` | 402 | `billing_error` | `insufficient_quota` / `insufficient_quota` |
 //! | `RateLimited` | 429 | `rate_limit_error` | `rate_limit_error` / `rate_limit_exceeded` |
 //! | `RequestTooLarge` | 413 | `request_too_large` | `invalid_request_error` / `request_too_large` |
+//! | `HeadersTooLarge` | 431 | `invalid_request_error` | `invalid_request_error` / `request_header_fields_too_large` |
 //! | `Overloaded` | 529 / 503 | `overloaded_error` | `server_error` / `upstream_unavailable` |
 //! | `UpstreamTimeout` | 504 | `timeout_error` | `server_error` / `upstream_timeout` |
 //!
@@ -64,6 +65,8 @@ pub enum ErrorKind {
     RateLimited { retry_after: u64 },
     /// The request body is over the configured limit.
     RequestTooLarge,
+    /// The request head (request line and headers) is over the configured limit.
+    HeadersTooLarge,
     /// No healthy replica, or the upstream said it is overloaded.
     Overloaded { retry_after: u64 },
     /// The upstream did not answer in time.
@@ -89,6 +92,7 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => 402,
             ErrorKind::RateLimited { .. } => 429,
             ErrorKind::RequestTooLarge => 413,
+            ErrorKind::HeadersTooLarge => 431,
             ErrorKind::Overloaded { .. } => match format {
                 ClientFormat::Messages => 529,
                 ClientFormat::Chat => 503,
@@ -112,6 +116,7 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => "billing_error",
             ErrorKind::RateLimited { .. } => "rate_limit_error",
             ErrorKind::RequestTooLarge => "request_too_large",
+            ErrorKind::HeadersTooLarge => "invalid_request_error",
             ErrorKind::Overloaded { .. } => "overloaded_error",
             ErrorKind::UpstreamTimeout => "timeout_error",
             ErrorKind::Upstream => "api_error",
@@ -134,6 +139,10 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => ("insufficient_quota", Some("insufficient_quota")),
             ErrorKind::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             ErrorKind::RequestTooLarge => ("invalid_request_error", Some("request_too_large")),
+            ErrorKind::HeadersTooLarge => (
+                "invalid_request_error",
+                Some("request_header_fields_too_large"),
+            ),
             ErrorKind::Overloaded { .. } => ("server_error", Some("upstream_unavailable")),
             ErrorKind::UpstreamTimeout => ("server_error", Some("upstream_timeout")),
             ErrorKind::Upstream => ("server_error", Some("upstream_error")),
@@ -174,6 +183,7 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => "insufficient_balance",
             ErrorKind::RateLimited { .. } => "rate_limited",
             ErrorKind::RequestTooLarge => "request_too_large",
+            ErrorKind::HeadersTooLarge => "headers_too_large",
             ErrorKind::Overloaded { .. } => "overloaded",
             ErrorKind::UpstreamTimeout => "upstream_timeout",
             ErrorKind::Upstream => "upstream_error",
@@ -368,6 +378,7 @@ mod tests {
             ErrorKind::InsufficientBalance,
             ErrorKind::RateLimited { retry_after: 3 },
             ErrorKind::RequestTooLarge,
+            ErrorKind::HeadersTooLarge,
             ErrorKind::Overloaded { retry_after: 1 },
             ErrorKind::UpstreamTimeout,
             ErrorKind::Upstream,
