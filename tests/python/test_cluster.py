@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import threading
 import time
+from decimal import Decimal
 
 import anthropic
 import openai
@@ -302,7 +303,7 @@ def cached_share(gw, key, conversations=5, turns=6) -> float:
 
 
 def test_prefix_affinity_beats_round_robin(workdir, capsys):
-    shares = {}
+    shares, bills = {}, {}
     for routing in ("prefix_affinity", "round_robin"):
         sims = [Sim(workdir, name=f"sim-{routing}-{i}").start() for i in range(2)]
         gw = Gateway(
@@ -311,16 +312,20 @@ def test_prefix_affinity_beats_round_robin(workdir, capsys):
         ).start()
         _, key = gw.new_tenant("affinity")
         shares[routing] = cached_share(gw, key)
-        gw.stop()
+        gw.stop()  # writes the ledger
+        bills[routing] = Decimal(gw.cli("statement", "--tenant", "affinity")["totals"]["charges"])
         for s in sims:
             s.stop()
     with capsys.disabled():
         print(
             f"\ncached-token share, 2 replicas, 5 conversations x 6 turns: "
-            f"prefix affinity {shares['prefix_affinity']:.1%}, round robin {shares['round_robin']:.1%}"
+            f"prefix affinity {shares['prefix_affinity']:.1%}, round robin {shares['round_robin']:.1%}; "
+            f"the same workload billed S/ {bills['prefix_affinity']} with affinity, "
+            f"S/ {bills['round_robin']} round robin"
         )
     assert shares["prefix_affinity"] > 0.75
     assert shares["prefix_affinity"] > shares["round_robin"] + 0.15
+    assert bills["prefix_affinity"] < bills["round_robin"], bills
 
 
 def stream_tokens(text: str) -> tuple[str, int, bool]:
