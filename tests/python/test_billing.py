@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures as cf
+import http.client
 import json
 import random
 import signal
@@ -15,7 +17,7 @@ import anthropic
 import openai
 import pytest
 
-from harness import Gateway, Sim, http_json, model_block, raw_connection
+from harness import ADMIN_TOKEN, Gateway, Sim, http_json, model_block, raw_connection
 
 PRICES = {  # per million tokens, as harness.model_block configures them
     "colibri": (Decimal("0.20"), Decimal("0.05"), Decimal("0.80")),
@@ -402,3 +404,79 @@ def test_non_streamed_requests_that_fail_late_are_still_billed(billing):
     assert rec["completion_tokens"] > 0
     assert Decimal(-aborted["delta"]) / Decimal(10**12) == charge(
         "aguila", rec["prompt_tokens"], rec["cached_tokens"], rec["completion_tokens"])
+
+
+def test_the_admin_api_refuses_a_wrong_token_or_another_scheme(billing):
+    """Only `Authorization: Bearer <server.admin_token>` opens the admin API: a near-miss token,
+    the right token under another scheme or in another header gets a 401, and nothing is done
+    (no top-up, no tenant, no key revoked or created, nothing listed)."""
+    gw, _ = billing
+    key, secret = gw.new_tenant("guarded", top_up="50.00")
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    refused = {
+        "a wrong bearer": [("Authorization", "Bearer wrong-token")],
+        "the token with its last character changed": [("Authorization", "Bearer " + ADMIN_TOKEN[:-1] + "X")],
+        "a prefix of the token": [("Authorization", "Bearer " + ADMIN_TOKEN[:-1])],
+        "the token and more": [("Authorization", "Bearer " + ADMIN_TOKEN + "0")],
+        "the token upper-cased": [("Authorization", "Bearer " + ADMIN_TOKEN.upper())],
+        "an empty bearer": [("Authorization", "Bearer ")],
+        "Basic user:token": [("Authorization", "Basic " + b64(f"admin:{ADMIN_TOKEN}"))],
+        "Basic token": [("Authorization", "Basic " + b64(ADMIN_TOKEN))],
+        "Basic with the raw token": [("Authorization", "Basic " + ADMIN_TOKEN)],
+        "another scheme": [("Authorization", "Token " + ADMIN_TOKEN)],
+        "no scheme": [("Authorization", ADMIN_TOKEN)],
+        "the token as x-api-key": [("x-api-key", ADMIN_TOKEN)],
+        "the token as a custom header": [("X-Admin-Token", ADMIN_TOKEN)],
+        "the token as a cookie": [("Cookie", f"admin_token={ADMIN_TOKEN}")],
+        "a tenant's API key as bearer": [("Authorization", f"Bearer {secret}")],
+        "a wrong bearer before the right one": [("Authorization", "Bearer wrong"),
+                                                ("Authorization", f"Bearer {ADMIN_TOKEN}")],
+    }
+
+    def admin(method: str, path: str, body, headers) -> tuple[int, bytes]:
+        data = b"" if body is None else json.dumps(body).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", gw.admin_port, timeout=10)
+        try:
+            conn.putrequest(method, path)
+            for k, v in headers:
+                conn.putheader(k, v)
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(data)))
+            conn.endheaders(data)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    attempts = [
+        ("POST", "/admin/topups", {"tenant": "guarded", "amount": "10.00"}),
+        ("POST", "/admin/tenants", {"name": "intruder"}),
+        ("POST", f"/admin/keys/{key['key_id']}/revoke", {}),
+        ("POST", "/admin/keys", {"tenant": "guarded", "label": "intruder"}),
+        ("GET", "/admin/tenants", None),
+        ("GET", "/admin/keys?tenant=guarded", None),
+        ("GET", "/admin/statement?tenant=guarded", None),
+    ]
+    failures = []
+    for name, headers in refused.items():
+        for method, path, body in attempts:
+            status, raw = admin(method, path, body, headers)
+            if status != 401:
+                failures.append(f"{name}: {method} {path} -> {status} {raw[:120]!r}")
+            elif b"guarded" in raw or key["key_id"].encode() in raw:
+                failures.append(f"{name}: {method} {path} leaked data: {raw[:200]!r}")
+    assert not failures, "\n".join(failures)
+    # Nothing was done.
+    st = gw.cli("statement", "--tenant", "guarded")
+    assert Decimal(st["balance"]) == Decimal("50.00") and Decimal(st["totals"]["top_ups"]) == Decimal("50.00"), st
+    assert "intruder" not in [t["name"] for t in gw.cli("tenant", "list")["tenants"]]
+    keys = gw.cli("key", "list", "--tenant", "guarded")["keys"]
+    assert len(keys) == 1 and not keys[0].get("revoked_at"), keys
+    assert http_json("POST", gw.base + "/v1/chat/completions",
+                     {"model": "colibri", "messages": [{"role": "user", "content": "hola [[sim: tokens=1]]"}]},
+                     {"Authorization": f"Bearer {secret}"})[0] == 200, "the key still works"
+    # The same requests with the right token do work (so the refusals above are about the token).
+    status, raw = admin("POST", "/admin/topups", {"tenant": "guarded", "amount": "10.00"},
+                        [("Authorization", f"Bearer {ADMIN_TOKEN}")])
+    assert status == 201, raw
+    assert Decimal(gw.cli("statement", "--tenant", "guarded")["totals"]["top_ups"]) == Decimal("60.00")

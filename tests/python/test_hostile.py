@@ -5,13 +5,18 @@ refused request left a ledger row."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import http.client
 import json
+import random
+import re
 import selectors
 import socket
 import sqlite3
 import threading
 import time
+import uuid
+from decimal import Decimal
 
 import pytest
 
@@ -19,6 +24,19 @@ from harness import Gateway, Sim, http_json, wait_until
 
 OK_MSG = [{"role": "user", "content": "hola [[sim: tokens=2]]"}]
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+PICOS = 10**12
+# Per million tokens (input, cached, output), as harness.model_block configures them.
+PRICES = {"colibri": ("0.20", "0.05", "0.80"), "aguila": ("1.00", "0.25", "4.00"), "apu": ("3.00", "0.75", "12.00")}
+
+
+def picos_charge(model: str, prompt: int, cached: int, completion: int) -> int:
+    """A request's charge in pico-soles (exact: prices have at most 2 decimals, per million)."""
+    i, c, o = (Decimal(p) for p in PRICES[model])
+    picos = ((prompt - cached) * i + cached * c + completion * o) * PICOS / 1_000_000
+    assert picos == int(picos)
+    return int(picos)
 
 
 def deep(n: int) -> bytes:
@@ -244,6 +262,25 @@ def test_hostile_catalogue(hostile):
     wait_until(lambda: len(statuses()) >= admitted + 1, 5, "the ledger rows")
     time.sleep(0.2)
     assert statuses() == [200] * (admitted + 1), "only the admitted requests are in the ledger"
+    # The money agrees three ways: each row's charge is its tokens at the model's prices, the
+    # statement's charges and top-ups are what the rows sum to, and so is the balance.
+    con = sqlite3.connect(gw.store_url.removeprefix("sqlite://"))
+    rows = con.execute(
+        "SELECT l.kind, l.delta, l.model, l.input_tokens, l.cached_tokens, l.output_tokens FROM ledger l "
+        "JOIN tenants t ON t.id = l.tenant_id WHERE t.name = 'hostile'").fetchall()
+    con.close()
+    requests = [r for r in rows if r[0] == "request"]
+    assert len(requests) == admitted + 1
+    bad = [r for r in requests if -r[1] != picos_charge(r[2], r[3], r[4], r[5])]
+    assert not bad, f"rows whose charge is not their tokens at the model's prices: {bad}"
+    charged = -sum(r[1] for r in requests)
+    topped = sum(r[1] for r in rows if r[0] == "topup")
+    assert charged > 0 and topped == 1000 * PICOS
+    st = gw.cli("statement", "--tenant", "hostile")
+    assert st["totals"]["requests"] == admitted + 1
+    assert Decimal(st["totals"]["charges"]) == Decimal(charged) / PICOS, (st, charged)
+    assert Decimal(st["totals"]["top_ups"]) == Decimal(topped) / PICOS, (st, topped)
+    assert Decimal(st["balance"]) == Decimal(topped - charged) / PICOS, (st, topped, charged)
 
 
 def raw_exchange(gw, request: bytes, timeout: float = 10.0) -> bytes:
@@ -356,6 +393,114 @@ def test_a_key_revoked_mid_stream(hostile):
     wait_until(lambda: gw.cli("statement", "--tenant", "victim")["totals"]["requests"] == 1, 5, "the row")
     st = gw.cli("statement", "--tenant", "victim")
     assert st["totals"]["output_tokens"] == 20, "charged to its tenant, in full"
+
+
+def open_stream(gw, secret: str, content: str, model: str = "colibri") -> socket.socket:
+    """Starts a streamed chat completion on a raw socket; read it with `read_stream`."""
+    conn = socket.create_connection(("127.0.0.1", gw.port), timeout=30)
+    body = json.dumps({"model": model, "stream": True, "messages": [{"role": "user", "content": content}]}).encode()
+    conn.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    return conn
+
+
+def read_stream(conn: socket.socket) -> tuple[str, list[dict]]:
+    """Reads a chunked SSE response to its end; returns (request id, the JSON chunks)."""
+    text = b""
+    while b"\r\n0\r\n\r\n" not in text:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        text += chunk
+    conn.close()
+    head, _, body = text.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    rid = re.search(rb"(?im)^x-request-id:\s*(\S+)", head).group(1).decode()
+    # Undo the chunked framing, then split the SSE events.
+    data, rest = b"", body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        data, rest = data + rest[:size], rest[size + 2:]
+    events = [line[6:] for line in data.decode().split("\n") if line.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", events[-3:]
+    return rid, [json.loads(e) for e in events[:-1]]
+
+
+def test_another_tenants_key_revoked_mid_stream(hostile):
+    """Revoking tenant B's key while tenant A streams touches neither A's stream nor A's bill
+    (A is charged exactly what an unaffected stream running beside it is: its metered tokens
+    at the model's prices), B's next requests get 401, and B's balance and ledger are exactly
+    what they were before the revocation."""
+    gw, sim, _ = hostile
+    _, a = gw.new_tenant("stream-a", top_up="100.00")
+    b_key, b = gw.new_tenant("revoked-b", top_up="100.00")
+    _, c = gw.new_tenant("unaffected-c", top_up="100.00")
+    db = gw.store_url.removeprefix("sqlite://")
+
+    def rows(tenant: str) -> list[tuple]:
+        con = sqlite3.connect(db)
+        got = con.execute("SELECT l.* FROM ledger l JOIN tenants t ON t.id = l.tenant_id WHERE t.name = ? "
+                          "ORDER BY l.entry_id", (tenant,)).fetchall()
+        con.close()
+        return got
+
+    def b_status(path="/v1/chat/completions", headers=None) -> int:
+        body = {"model": "colibri", "max_tokens": 10, "messages": OK_MSG}
+        return http_json("POST", gw.base + path, body, headers or {"Authorization": f"Bearer {b}"})[0]
+
+    # B has spent something already: a row and a balance the revocation must leave alone.
+    assert b_status() == 200
+    wait_until(lambda: len(rows("revoked-b")) == 2, 5, "B's row")  # its top-up and its request
+    b_rows, b_statement = rows("revoked-b"), gw.cli("statement", "--tenant", "revoked-b")
+    since = sim.stats()["seq"]
+    slow = "[[sim: tokens=20 delay_ms=100]]"
+    a_conn = open_stream(gw, a, f"alfa {slow}")
+    c_conn = open_stream(gw, c, f"gama {slow}")
+    started = time.time()
+    time.sleep(0.4)
+    gw.cli("key", "revoke", b_key["key_id"])
+    # Polled with an empty body (400 while the key is known, no row), so that no request of B
+    # is admitted in the refresh interval before the revocation takes effect.
+    wait_until(lambda: http_json("POST", gw.base + "/v1/chat/completions", b"{}",
+                                 {"Authorization": f"Bearer {b}"})[0] == 401, 3, "B's key refused")
+    assert time.time() - started < 1.5, "B was refused while A was still streaming (20 x 100 ms)"
+    assert b_status("/v1/messages", {"x-api-key": b, "anthropic-version": "2023-06-01"}) == 401
+    a_id, a_chunks = read_stream(a_conn)
+    c_id, c_chunks = read_stream(c_conn)
+    assert time.time() - started >= 1.7, "the streams were slow ones"
+    # A's stream is a whole, normal stream: the same shape as C's.
+    assert not any("error" in ch for ch in a_chunks), a_chunks[-2:]
+    shape = lambda chunks: [[c.get("finish_reason") for c in ch.get("choices", [])] for ch in chunks]  # noqa: E731
+    assert shape(a_chunks) == shape(c_chunks)
+    # A is charged exactly its metered tokens, like C.
+    wait_until(lambda: len(rows("stream-a")) == 2 and len(rows("unaffected-c")) == 2, 5, "A's and C's rows")
+    recs = {r["request_id"]: r for r in sim.requests(since) if r["request_id"]}
+    for tenant, rid in (("stream-a", a_id), ("unaffected-c", c_id)):
+        rec = recs[rid]
+        assert (rec["status"], rec["completion_tokens"], rec["cancelled"]) == (200, 20, False), rec
+        st = gw.cli("statement", "--tenant", tenant)
+        expected = Decimal(picos_charge("colibri", rec["prompt_tokens"], rec["cached_tokens"], 20)) / PICOS
+        assert (st["totals"]["requests"], st["totals"]["output_tokens"]) == (1, 20), st
+        assert Decimal(st["totals"]["charges"]) == expected > 0, (tenant, st, rec)
+        assert Decimal(st["balance"]) == Decimal("100.00") - expected, (tenant, st)
+    (a_row,) = [r for r in rows("stream-a") if r[1] == "request"]
+    (c_row,) = [r for r in rows("unaffected-c") if r[1] == "request"]
+    con = sqlite3.connect(db)
+    cols = [d[1] for d in con.execute("PRAGMA table_info(ledger)")]
+    con.close()
+    same = ("kind", "model", "format", "output_tokens", "status", "http_status", "unbilled", "input_estimated")
+    assert [a_row[cols.index(k)] for k in same] == [c_row[cols.index(k)] for k in same], (a_row, c_row)
+    # B: refused, and nothing of B's moved.
+    assert b_status() == 401
+    time.sleep(0.3)  # a flush interval and more: a stray row would be there by now
+    assert rows("revoked-b") == b_rows
+    after = gw.cli("statement", "--tenant", "revoked-b")
+    assert after == b_statement, (b_statement, after)
 
 
 def closed_by_server(socks: list[socket.socket], within: float) -> list[socket.socket]:
@@ -512,3 +657,171 @@ def test_a_client_that_stops_reading_releases_the_upstream(hostile):
     rec = released()
     assert rec["cancelled"] and rec["completion_tokens"] < 8000
     conn.close()
+
+
+CARDINALITY_FAMILIES = ("quipu_requests_total", "gen_ai_server_request_duration_seconds")
+
+
+def series(exposition: str, families=CARDINALITY_FAMILIES) -> set[tuple[str, str]]:
+    """The (family, labels) series of `families` in a scrape; a histogram's buckets, sum and
+    count are one series (its `le` label dropped)."""
+    out = set()
+    for line in exposition.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, labels = line.rpartition(" ")[0].partition("{")
+        family = re.sub(r"_(bucket|sum|count)$", "", name) if name not in families else name
+        if family in families:
+            out.add((family, re.sub(r',?le="[^"]*"', "", labels.rstrip("}")).lstrip(",")))
+    return out
+
+
+def test_metric_label_cardinality_stays_bounded(hostile):
+    """Client-chosen strings never become label values: ~200 requests with random model names,
+    unknown paths, methods and header values add at most a handful of series to the request
+    counter and the duration histogram, and no random string appears anywhere in the scrape."""
+    gw, _, key = hostile
+    rng = random.Random(1234)
+    used: list[str] = []
+
+    def rand() -> str:
+        used.append(f"zq{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}")
+        return used[-1]
+
+    chat_auth = {"Authorization": f"Bearer {key}"}
+    msg_auth = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+
+    def one(i: int) -> int:
+        r = rand()
+        kind = i % 10
+        if kind == 0:  # an unknown model, chat
+            return http_json("POST", gw.base + "/v1/chat/completions", {"model": r, "messages": OK_MSG}, chat_auth)[0]
+        if kind == 1:  # an unknown model, messages
+            return http_json("POST", gw.base + "/v1/messages", {"model": r, "max_tokens": 5, "messages": OK_MSG}, msg_auth)[0]
+        if kind == 2:  # an alias pattern with a random tail: served, counted under the real model
+            return http_json("POST", gw.base + "/v1/messages", {"model": f"claude-haiku-{r}", "max_tokens": 5,
+                                                                "messages": OK_MSG}, msg_auth)[0]
+        if kind == 3:  # an unknown model, no key
+            return http_json("POST", gw.base + "/v1/chat/completions", {"model": r, "messages": OK_MSG})[0]
+        if kind == 4:  # unknown paths
+            return http_json("GET", gw.base + f"/v1/{r}", headers=chat_auth)[0]
+        if kind == 5:
+            return http_json("POST", gw.base + f"/{r}/chat/completions", {"model": "colibri", "messages": OK_MSG}, chat_auth)[0]
+        if kind == 6:  # an unknown method
+            return http_json(r.upper(), gw.base + "/v1/chat/completions", headers=chat_auth)[0]
+        if kind == 7:  # a random model in a count_tokens request
+            return http_json("POST", gw.base + "/v1/messages/count_tokens", {"model": r, "messages": OK_MSG}, msg_auth)[0]
+        # Served requests carrying random values in every header a client controls.
+        headers = {**chat_auth, "User-Agent": r, "X-Request-Id": r, "X-Forwarded-For": r, "X-Forwarded-Host": r,
+                   "Host": f"{r}.example", "Origin": f"https://{r}.example", "Referer": f"https://{r}.example/",
+                   "X-Stainless-Lang": r, "X-Title": r, "OpenAI-Organization": r, "X-Tenant": r, "X-Model": r,
+                   f"X-{r}": r}
+        return http_json("POST", gw.base + "/v1/chat/completions",
+                         {"model": "colibri", "messages": OK_MSG, "user": r, "metadata": {"tenant": r},
+                          "stream": i % 20 == 9}, headers)[0]
+
+    # Warm up: every kind of request once, so the outcomes' series exist before the count.
+    warm = [one(i) for i in range(10)]
+    assert warm.count(200) == 3, warm
+    before = gw.metrics()
+    start = len(used)
+    with cf.ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(one, range(10, 210)))
+    assert statuses.count(200) == 60 and all(s in (200, 400, 401, 404, 405) for s in statuses), statuses
+    after = gw.metrics()
+    assert len(used) - start == 200
+    new = series(after) - series(before)
+    assert len(new) <= 4, f"{len(new)} new series from 200 random requests: {sorted(new)[:10]}"
+    assert series(after), "the families are exported"
+    leaked = sorted({r for r in used if r in after or r.upper() in after})
+    assert not leaked, f"{len(leaked)} client strings are label values, e.g. {leaked[:3]}"
+    # The counter did count them: the random traffic is in the existing series.
+    total = lambda text: sum(float(line.rpartition(" ")[2]) for line in text.splitlines()  # noqa: E731
+                             if line.startswith("quipu_requests_total{"))
+    assert total(after) - total(before) >= 200
+
+
+class Canary:
+    """A TCP listener on 127.0.0.1 that records every connection made to it (and its first
+    bytes); it answers nothing."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.seen: list[bytes] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            conn.settimeout(0.5)
+            try:
+                first = conn.recv(4096)
+            except OSError:
+                first = b""
+            self.seen.append(first)
+            conn.close()
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(2)
+        self.sock.close()
+
+
+def test_the_gateway_never_fetches_a_url_for_a_client(workdir, hostile):
+    """Image URLs (chat `image_url`, messages `image` with a `url` source) and header values
+    naming a local listener never make the gateway connect to it: with the default policy the
+    URLs are refused, with `image_urls = "forward_any"` they are passed to the upstream as text
+    (the simulator, like vLLM's API layer here, does not fetch: it has no HTTP client), and the
+    headers do not pick where requests go. The listener sees no connection."""
+    strict, sim, strict_key = hostile
+    canary = Canary()
+    lax = Gateway(workdir, {s: [sim.api_base] for s in ("colibri", "aguila")}, name="quipu-forward-any",
+                  extra='[security]\nimage_urls = "forward_any"\n').start()
+    try:
+        _, lax_key = lax.new_tenant("fetcher")
+        target = f"127.0.0.1:{canary.port}"
+        urls = [f"http://{target}/cat.png", f"https://{target}/cat.png", f"http://localhost:{canary.port}/x.png"]
+        hostile_headers = {"X-Forwarded-Host": target, "Host": target, "Forwarded": f"host={target};proto=http",
+                           "X-Forwarded-For": "127.0.0.1", "X-Original-URL": f"http://{target}/",
+                           "X-Rewrite-URL": f"http://{target}/", "X-Upstream": f"http://{target}/v1",
+                           "Referer": f"http://{target}/", "Origin": f"http://{target}",
+                           "X-Forwarded-Proto": "http", "X-Forwarded-Port": str(canary.port)}
+        for gw, key, want in ((strict, strict_key, 400), (lax, lax_key, 200)):
+            for url in urls:
+                since = sim.stats()["seq"]
+                chat = {"model": "aguila", "max_tokens": 5, "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "mira [[sim: tokens=2]]"},
+                    {"type": "image_url", "image_url": {"url": url}}]}]}
+                status, body, _ = http_json("POST", gw.base + "/v1/chat/completions", chat,
+                                            {**hostile_headers, "Authorization": f"Bearer {key}"})
+                assert status == want, (gw.name, url, status, body)
+                messages = {"model": "aguila", "max_tokens": 5, "messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "mira [[sim: tokens=2]]"},
+                    {"type": "image", "source": {"type": "url", "url": url}}]}]}
+                status, body, _ = http_json("POST", gw.base + "/v1/messages", messages,
+                                            {**hostile_headers, "x-api-key": key, "anthropic-version": "2023-06-01"})
+                assert status == want, (gw.name, url, status, body)
+                if want == 200:
+                    # Forwarded as text to the configured replica (the simulator), not fetched.
+                    assert len(sim.requests(since)) == 2, sim.requests(since)
+                    assert json.loads(sim.last_body())["model"] == "upstream-aguila"
+                    assert url in sim.last_body().decode(), sim.last_body()[:500]
+        # A plain request with the hostile headers still goes to the configured replica.
+        status, _, _ = http_json("POST", strict.base + "/v1/chat/completions", {"model": "colibri", "messages": OK_MSG},
+                                 {**hostile_headers, "Authorization": f"Bearer {strict_key}"})
+        assert status == 200 and json.loads(sim.last_body())["model"] == "upstream-colibri"
+        time.sleep(0.5)  # anything in flight towards the listener has arrived by now
+        assert canary.seen == [], f"the listener was connected to: {canary.seen}"
+        # The listener works: a connection to it is recorded.
+        socket.create_connection(("127.0.0.1", canary.port), timeout=2).close()
+        wait_until(lambda: len(canary.seen) == 1, 2, "the listener to record a connection")
+    finally:
+        lax.stop()
+        canary.stop()

@@ -9,6 +9,7 @@ fail and say so.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import pathlib
@@ -70,6 +71,33 @@ def test_a_key_revoked_through_one_replica_is_refused_by_the_other(pair):
     while chat(b, secret) != 401:
         assert time.time() - revoked_at < 2.0, "replica b still accepts the revoked key after 2 s"
         time.sleep(0.05)
+
+
+
+def test_keys_are_stored_only_as_hashes(pair):
+    """The PostgreSQL version of the SQLite check in test_keys_and_bodies.py: the api_keys row
+    holds the secret's SHA-256 and a short display prefix; the secret itself is in no column of
+    any table (every row of every table of the schema, read as text), nor in a gateway's log,
+    even after it served a request with it."""
+    a, b, _ = pair
+    key, secret = a.new_tenant("hashed-keys")
+    b.wait_key(secret)
+    assert chat(a, secret) == 200 and chat(b, secret) == 200
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    (row,) = psql(a.store_url, "SELECT encode(secret_sha256, 'hex') || '|' || secret_prefix FROM api_keys "
+                  f"WHERE id = '{key['key_id']}'")
+    stored_digest, prefix = row.split("|")
+    assert stored_digest == digest, "the digest is the key's SHA-256"
+    assert secret.startswith(prefix) and len(prefix) <= len(secret) // 2, (prefix, secret)
+    tables = psql(a.store_url, "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+    assert {"api_keys", "tenants", "ledger"} <= set(tables), tables
+    for table in tables:
+        rows = psql(a.store_url, f"SELECT t::text FROM {table} t")
+        assert rows or table != "api_keys"
+        leaked = [r for r in rows if secret in r or secret.lower() in r.lower()]
+        assert not leaked, f"the secret is stored in {table}: {leaked}"
+    for gw in (a, b):
+        assert secret not in gw.process.log_path.read_text(errors="replace"), f"{gw.name}'s log has the secret"
 
 
 MAX_COST_TOKENS = 500
