@@ -6,8 +6,9 @@
 //!
 //! Output, always `event: <name>\ndata: <json>\n\n` with `data.type == name`:
 //!
-//! 1. `message_start` (usage placeholders, all four keys zero) before anything else — on the
-//!    first chunk, or on the first idle tick if the upstream is slow to start.
+//! 1. `message_start` before anything else — on the first chunk, with the usage that chunk
+//!    reports (vLLM's continuous usage stats: the prompt's tokens), or on the first idle tick
+//!    if the upstream is slow to start, with all four usage keys zero.
 //! 2. Content blocks with dense indexes from 0, exactly one open at a time. Per chunk the
 //!    delta is read in the order reasoning → content → tool calls (one chunk may carry all of
 //!    them, the finish chunk included). Empty strings open nothing (vLLM's first chunk has
@@ -167,7 +168,9 @@ impl MessagesStream {
         }
     }
 
-    fn ensure_started(&mut self, out: &mut Vec<u8>) {
+    /// Writes `message_start` once, with the usage the upstream has reported so far (vLLM's
+    /// continuous usage stats put the prompt's count on the first chunk), else zeros.
+    fn ensure_started(&mut self, out: &mut Vec<u8>, usage: Option<&Usage>) {
         if self.started {
             return;
         }
@@ -180,7 +183,7 @@ impl MessagesStream {
         out.extend_from_slice(
             b",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":",
         );
-        write_usage(out, &Usage::default());
+        write_usage(out, usage.unwrap_or(&Usage::default()));
         out.push(b'}');
         frame_close(out);
     }
@@ -443,7 +446,8 @@ impl MessagesStream {
         if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
             return Err(upstream_error(data, &self.ctx));
         }
-        self.ensure_started(out);
+        let chunk_usage = chunk.usage();
+        self.ensure_started(out, chunk_usage.as_ref());
         let choices = chunk.choices.as_deref().unwrap_or_default();
         let mut fragments = 0u64;
         let mut result = Ok(());
@@ -480,7 +484,7 @@ impl MessagesStream {
                 self.finish(choice, finish, out);
             }
         }
-        match chunk.usage() {
+        match chunk_usage {
             Some(u) => {
                 self.usage = Some(u);
                 self.fragments_since_usage = 0;
@@ -571,7 +575,7 @@ impl StreamTranslator for MessagesStream {
         if self.end != StreamEnd::Open {
             return;
         }
-        self.ensure_started(out);
+        self.ensure_started(out, None);
         out.extend_from_slice(b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
     }
 

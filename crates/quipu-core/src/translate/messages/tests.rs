@@ -1797,6 +1797,27 @@ fn c31_message_start_usage_has_all_four_keys() {
 }
 
 #[test]
+fn c31_message_start_carries_the_first_chunks_usage() {
+    // vLLM with continuous usage stats: the prompt's count is on the first chunk already.
+    let mut first = chunk(json!({"role": "assistant", "content": ""}), Value::Null);
+    first["usage"] = json!({"prompt_tokens": 12, "completion_tokens": 0, "total_tokens": 12,
+                            "prompt_tokens_details": {"cached_tokens": 8}});
+    let s = stream(&sse(&[
+        first,
+        chunk(json!({"content": "hola"}), json!("stop")),
+        usage_chunk(12, 1, 8),
+    ]));
+    validate_event_sequence(&s.out).unwrap();
+    let ev = events(&s.out);
+    assert_eq!(
+        ev[0].1["message"]["usage"],
+        json!({"input_tokens": 4, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 8, "output_tokens": 0})
+    );
+    let (_, delta) = ev.iter().find(|(n, _)| n == "message_delta").unwrap();
+    assert_eq!(delta["usage"]["output_tokens"], 1);
+}
+
+#[test]
 fn c32_pings_before_and_during_the_stream() {
     let mut t = MessagesStream::new(ctx());
     let mut out = Vec::new();
