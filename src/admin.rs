@@ -14,6 +14,7 @@
 //! | POST | `/admin/topups` | `{"tenant","amount","note"?,"idempotency_key"?}` | top up (amount as a decimal string; a repeated key adds nothing) |
 //! | GET | `/admin/statement` | `?tenant=&from=&to=` | a statement |
 
+use crate::auth::{bearer_token, Bearer};
 use crate::config::Config;
 use crate::keys::constant_time_eq;
 use crate::ops::{self, OpsError, Output};
@@ -144,13 +145,11 @@ fn result(r: Result<Output, OpsError>, created: bool) -> http::Response<Vec<u8>>
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> http::Response<Vec<u8>> {
-        let authorized = session
-            .req_header()
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), self.token.as_bytes()));
+        // Read exactly as the API listener reads a key (one header, `Bearer` in any case).
+        let authorized = match bearer_token(&session.req_header().headers) {
+            Bearer::Token(t) => constant_time_eq(t.as_bytes(), self.token.as_bytes()),
+            Bearer::Absent | Bearer::Malformed | Bearer::Repeated => false,
+        };
         if !authorized {
             return error(
                 401,

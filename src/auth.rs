@@ -145,26 +145,12 @@ impl KeySnapshot {
         format: ClientFormat,
     ) -> Result<Arc<Principal>, ApiError> {
         let deny = |m: &str| ApiError::new(ErrorKind::Authentication, m);
-        let mut bearer: Option<&str> = None;
-        let mut malformed_bearer = false;
-        let mut auth = headers.get_all(http::header::AUTHORIZATION).iter();
-        if let Some(v) = auth.next() {
-            if auth.next().is_some() {
-                return Err(deny("send one Authorization header, not several"));
-            }
-            match v.to_str() {
-                Ok(v) => {
-                    let (scheme, token) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
-                    let token = token.trim();
-                    if scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() {
-                        bearer = Some(token);
-                    } else {
-                        malformed_bearer = true;
-                    }
-                }
-                Err(_) => malformed_bearer = true,
-            }
-        }
+        let (bearer, malformed_bearer) = match bearer_token(headers) {
+            Bearer::Token(t) => (Some(t), false),
+            Bearer::Absent => (None, false),
+            Bearer::Malformed => (None, true),
+            Bearer::Repeated => return Err(deny("send one Authorization header, not several")),
+        };
         let mut api_key: Option<&str> = None;
         if format == ClientFormat::Messages {
             let mut values = headers.get_all("x-api-key").iter();
@@ -190,6 +176,38 @@ impl KeySnapshot {
                 "missing API key: send `x-api-key: <API key>` or `Authorization: Bearer <API key>`"
             }
         }))
+    }
+}
+
+/// What a request's `Authorization` header says, read the same way on every listener.
+pub enum Bearer<'h> {
+    /// `Bearer <token>` (scheme in any case, surrounding whitespace ignored).
+    Token(&'h str),
+    Absent,
+    /// Another scheme, no token, or not text.
+    Malformed,
+    /// The header sent more than once: refused, whatever the values.
+    Repeated,
+}
+
+/// Reads the bearer token of `headers` (see [`Bearer`]).
+pub fn bearer_token(headers: &HeaderMap) -> Bearer<'_> {
+    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+    let Some(v) = values.next() else {
+        return Bearer::Absent;
+    };
+    if values.next().is_some() {
+        return Bearer::Repeated;
+    }
+    let Ok(v) = v.to_str() else {
+        return Bearer::Malformed;
+    };
+    let (scheme, token) = v.trim().split_once(' ').unwrap_or((v.trim(), ""));
+    let token = token.trim();
+    if scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() {
+        Bearer::Token(token)
+    } else {
+        Bearer::Malformed
     }
 }
 

@@ -431,6 +431,8 @@ def test_the_admin_api_refuses_a_wrong_token_or_another_scheme(billing):
         "a tenant's API key as bearer": [("Authorization", f"Bearer {secret}")],
         "a wrong bearer before the right one": [("Authorization", "Bearer wrong"),
                                                 ("Authorization", f"Bearer {ADMIN_TOKEN}")],
+        "the right bearer before a wrong one": [("Authorization", f"Bearer {ADMIN_TOKEN}"),
+                                                ("Authorization", "Bearer wrong")],
     }
 
     def admin(method: str, path: str, body, headers) -> tuple[int, bytes]:
