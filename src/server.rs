@@ -151,6 +151,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         accounts.clone(),
         config.store.ledger_flush,
         config.store.ledger_batch_rows,
+        config.store.max_unstored_rows,
         ledger::ShutdownPolicy::of(&config.store),
     );
     let (writer_stop_tx, writer_stop_rx) = tokio::sync::watch::channel(false);

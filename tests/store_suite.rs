@@ -1389,6 +1389,7 @@ async fn a_store_down_at_shutdown_spills_and_the_import_charges_once(fx: &Fixtur
         a.clone(),
         Duration::from_millis(5),
         2,
+        1_000,
         ledger::ShutdownPolicy {
             flush_timeout: timeout,
             spill_dir: dir.clone(),

@@ -21,7 +21,10 @@
 //! (`quipu_ledger_rows_total{result="spilled"}`) and lets the shutdown go on: a store that is
 //! down never holds a SIGTERM up until the supervisor's SIGKILL, which would lose the queue. A
 //! crash loses at most the rows of the last `flush_interval` (50 ms by default) plus, while the
-//! store is unreachable, the rows queued meanwhile.
+//! store is unreachable, the rows queued meanwhile — at most `store.max_unstored_rows`: at that
+//! many rows owed to the store the queue reports a backlog ([`LedgerHandle::backlogged`]) and
+//! the gateway admits no new billable request until the store has caught up, so an outage
+//! costs availability, never an unbounded amount of unwritten money (or memory).
 
 use super::accounts::Accounts;
 use super::spill;
@@ -40,17 +43,20 @@ use tokio::sync::watch;
 
 /// Rows waiting for the writer. A plain vector under a mutex: the request path pushes (tens of
 /// nanoseconds, no wake-up of another thread), the writer swaps the vector out on its tick.
-#[derive(Default)]
 struct Queue {
     rows: Mutex<Vec<LedgerRow>>,
-    /// Rows the writer has taken but not yet written (they are still owed to the store).
-    taken: AtomicUsize,
+    /// Rows owed to the store: queued, or taken by the writer and not yet written. Counted up
+    /// under the queue's lock (so the writer never takes a row before it is counted), down by
+    /// the writer once a batch is written (or set aside).
+    owed: AtomicUsize,
+    /// Rows owed at which admission stops (`store.max_unstored_rows`).
+    cap: usize,
 }
 
 impl Queue {
     /// Rows not yet in the store: queued plus taken by the writer.
     fn pending(&self) -> usize {
-        self.rows.lock().len() + self.taken.load(Ordering::Relaxed)
+        self.owed.load(Ordering::Relaxed)
     }
 
     fn publish(&self) {
@@ -67,12 +73,20 @@ pub struct LedgerHandle {
 impl LedgerHandle {
     /// Queues a row; never blocks, never drops one.
     pub fn record(&self, row: LedgerRow) {
-        self.queue.rows.lock().push(row);
+        let mut rows = self.queue.rows.lock();
+        rows.push(row);
+        self.queue.owed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Rows not yet written: queued, or taken by the writer and not yet in the store.
     pub fn queued(&self) -> usize {
         self.queue.pending()
+    }
+
+    /// Whether `store.max_unstored_rows` rows are owed to the store: new billable requests
+    /// must then be refused. No lock: one atomic load.
+    pub fn backlogged(&self) -> bool {
+        self.queue.pending() >= self.queue.cap
     }
 }
 
@@ -125,9 +139,14 @@ pub fn channel(
     accounts: Arc<Accounts>,
     flush_interval: Duration,
     batch_rows: usize,
+    max_unstored_rows: usize,
     shutdown: ShutdownPolicy,
 ) -> (LedgerHandle, LedgerWriter) {
-    let queue = Arc::new(Queue::default());
+    let queue = Arc::new(Queue {
+        rows: Mutex::new(Vec::new()),
+        owed: AtomicUsize::new(0),
+        cap: max_unstored_rows.max(1),
+    });
     (
         LedgerHandle {
             queue: queue.clone(),
@@ -289,13 +308,12 @@ impl LedgerWriter {
 
     async fn drain(&self) {
         let mut rows = std::mem::take(&mut *self.queue.rows.lock());
-        self.queue.taken.store(rows.len(), Ordering::Relaxed);
         self.queue.publish();
         while !rows.is_empty() {
             let rest = rows.split_off(rows.len().min(self.batch_rows));
             let n = rows.len();
             self.write(rows).await;
-            self.queue.taken.fetch_sub(n, Ordering::Relaxed);
+            self.queue.owed.fetch_sub(n, Ordering::Relaxed);
             self.queue.publish();
             rows = rest;
         }
@@ -507,6 +525,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn admission_stops_at_max_unstored_rows_and_resumes_once_written() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
+        let t = store.create_tenant("acme").await.unwrap().id;
+        store.top_up(t, Pen::from_centimos(1000), "").await.unwrap();
+        let accounts = Accounts::new(
+            store.clone(),
+            "r1".into(),
+            Pen::from_centimos(500),
+            Duration::from_secs(15),
+        );
+        let (handle, writer) = channel(
+            store.clone(),
+            accounts,
+            Duration::from_millis(5),
+            2,
+            3,
+            test_policy(),
+        );
+        handle.record(row("a", t, 1_000));
+        handle.record(row("b", t, 1_000));
+        assert!(!handle.backlogged());
+        handle.record(row("c", t, 1_000));
+        assert!(handle.backlogged(), "3 rows owed with a cap of 3");
+        let (_stop_tx, stop) = tokio::sync::watch::channel(true);
+        assert_eq!(writer.run(stop).await, 0);
+        assert_eq!(handle.queued(), 0);
+        assert!(!handle.backlogged());
+        assert_eq!(store.ledger_rows(Some(t)).await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
     async fn bad_rows_are_set_aside_and_the_rows_behind_them_are_written() {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
         let t = store.create_tenant("acme").await.unwrap().id;
@@ -522,6 +571,7 @@ mod tests {
             accounts,
             Duration::from_millis(5),
             4,
+            1_000,
             test_policy(),
         );
         let mut good = Vec::new();

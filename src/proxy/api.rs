@@ -323,6 +323,15 @@ async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingo
     ctx.model = Some(req.model);
     ctx.stream = req.stream;
 
+    if gw.ledger.backlogged() {
+        // The store has been unreachable long enough for store.max_unstored_rows rows to
+        // queue: admitting more would put money at risk that no ledger holds yet.
+        let e = ApiError::new(
+            ErrorKind::Overloaded { retry_after: 5 },
+            "the gateway cannot record charges right now (its billing store is unreachable); retry shortly",
+        );
+        return fail(session, ctx, &e).await;
+    }
     if let Err(l) = gw.limits.admit(&principal) {
         m().rate_limited
             .with_label_values(&[&principal.tenant_name, l.scope, l.limit])

@@ -497,6 +497,7 @@ mod tests {
             accounts.clone(),
             Duration::from_millis(5),
             100,
+            config.store.max_unstored_rows,
             ledger::ShutdownPolicy::of(&config.store),
         );
         let keys = KeySnapshot::new(config.models.len());

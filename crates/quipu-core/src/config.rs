@@ -118,6 +118,10 @@ pub struct RawStore {
     pub url: String,
     pub ledger_flush_ms: u64,
     pub ledger_batch_rows: usize,
+    /// Ledger rows owed to the store (queued, not yet written) at which new billable requests
+    /// are refused as overloaded until the store catches up: bounds what a crash during a
+    /// store outage could lose, and the memory the queue holds.
+    pub max_unstored_rows: usize,
     pub key_refresh_ms: u64,
     /// At shutdown, how long the ledger writer keeps retrying an unreachable store before it
     /// writes the rows it could not store to a spill file.
@@ -133,6 +137,7 @@ impl Default for RawStore {
             url: "sqlite://data/quipu.db".into(),
             ledger_flush_ms: 50,
             ledger_batch_rows: 1000,
+            max_unstored_rows: 200_000,
             key_refresh_ms: 500,
             shutdown_flush_timeout_s: 30,
             spill_dir: None,
@@ -379,6 +384,8 @@ pub struct Store {
     pub url: String,
     pub ledger_flush: Duration,
     pub ledger_batch_rows: usize,
+    /// See [`RawStore::max_unstored_rows`].
+    pub max_unstored_rows: usize,
     pub key_refresh: Duration,
     /// See [`RawStore::shutdown_flush_timeout_s`].
     pub shutdown_flush_timeout: Duration,
@@ -811,6 +818,13 @@ fn validate_store(
             s.ledger_flush_ms
         ));
     }
+    if s.max_unstored_rows < s.ledger_batch_rows.max(1) {
+        errs.push(format!(
+            "store.max_unstored_rows must be at least store.ledger_batch_rows ({}), got {}",
+            s.ledger_batch_rows.max(1),
+            s.max_unstored_rows
+        ));
+    }
     if s.key_refresh_ms == 0 || s.key_refresh_ms > 1_500 {
         errs.push(format!(
             "store.key_refresh_ms must be between 1 and 1500 (a revocation must apply within 2 s, the reload query included), got {}",
@@ -841,6 +855,7 @@ fn validate_store(
         url,
         ledger_flush: Duration::from_millis(s.ledger_flush_ms),
         ledger_batch_rows: s.ledger_batch_rows.max(1),
+        max_unstored_rows: s.max_unstored_rows,
         key_refresh: Duration::from_millis(s.key_refresh_ms),
         shutdown_flush_timeout: Duration::from_secs(s.shutdown_flush_timeout_s),
         spill_dir,
