@@ -659,6 +659,62 @@ def test_a_client_that_stops_reading_releases_the_upstream(hostile):
     conn.close()
 
 
+def test_a_slow_reader_is_served_with_bounded_buffering(hostile):
+    """A client that reads a big stream a trickle at a time (2 KiB every 50 ms, so it never
+    trips the 2 s write timeout) is served, but the gateway buffers only what the sockets hold:
+    its memory does not grow with the 80 MB the simulator could produce at once, and the
+    simulator itself is held back (it has produced a small part when the client leaves, and
+    is then cancelled)."""
+    gw, sim, key = hostile
+    pid = gw.process.proc.pid
+
+    def rss_kib() -> int:
+        with open(f"/proc/{pid}/status") as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+    since = sim.stats()["seq"]
+    before = rss_kib()
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    conn.connect(("127.0.0.1", gw.port))
+    body = json.dumps({"model": "colibri", "stream": True,
+                       "messages": [{"role": "user", "content": "[[sim: tokens=40000 word_bytes=2000]]"}]}).encode()
+    conn.sendall(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+    got = 0
+    peak = before
+    until = time.time() + 4
+    while time.time() < until:
+        data = conn.recv(2048)
+        assert data, "the gateway hung up on a client that was still reading"
+        got += len(data)
+        peak = max(peak, rss_kib())
+        time.sleep(0.05)
+    assert got > 50_000, f"only {got} bytes arrived in 4 s"
+    assert peak - before < 8 * 1024, f"the gateway grew by {peak - before} KiB for a slow reader"
+    conn.close()
+
+    def released():
+        recs = [r for r in sim.requests(since) if r["request_id"]]
+        return recs and recs[-1]["ended_ms"] > 0 and recs[-1]
+
+    wait_until(released, 15, "the upstream request to be released once the reader left")
+    rec = released()
+    # 40000 words of 2000 bytes: the fast simulator was held back by backpressure. What it
+    # produced beyond what the client read sits in the kernel's socket buffers (autotuned up to
+    # tcp_rmem's and tcp_wmem's maxima), not in the gateway.
+    def tcp_max(name: str) -> int:
+        with open(f"/proc/sys/net/ipv4/{name}") as f:
+            return int(f.read().split()[2])
+
+    kernel = tcp_max("tcp_rmem") + tcp_max("tcp_wmem")
+    produced = rec["completion_tokens"] * 2000
+    assert rec["cancelled"] and rec["completion_tokens"] < 40000, rec
+    assert produced <= got + kernel + (peak - before) * 1024 + 1_000_000, (produced, got, kernel)
+
+
 CARDINALITY_FAMILIES = ("quipu_requests_total", "gen_ai_server_request_duration_seconds")
 
 
