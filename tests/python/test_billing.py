@@ -17,7 +17,7 @@ import anthropic
 import openai
 import pytest
 
-from harness import ADMIN_TOKEN, Gateway, Sim, http_json, model_block, raw_connection
+from harness import ADMIN_TOKEN, Gateway, Sim, http_json, model_block, raw_connection, wait_until
 
 PRICES = {  # per million tokens, as harness.model_block configures them
     "colibri": (Decimal("0.20"), Decimal("0.05"), Decimal("0.80")),
@@ -482,3 +482,64 @@ def test_the_admin_api_refuses_a_wrong_token_or_another_scheme(billing):
                         [("Authorization", f"Bearer {ADMIN_TOKEN}")])
     assert status == 201, raw
     assert Decimal(gw.cli("statement", "--tenant", "guarded")["totals"]["top_ups"]) == Decimal("60.00")
+
+
+def test_the_admin_api_runs_the_whole_operator_flow(billing):
+    """Every admin route, as an operator's script would use them: create a tenant and a key,
+    top up, spend, read keys, tenants and the statement, revoke; and the refusals in between
+    come back as JSON errors with the right status."""
+    gw, _ = billing
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+    def admin(method: str, path: str, body=None):
+        return http_json(method, gw.admin + path, body, auth)[:2]
+
+    status, tenant = admin("POST", "/admin/tenants", {"name": "ops-flow"})
+    assert status in (200, 201), tenant
+    status, body = admin("POST", "/admin/tenants", {"name": "ops-flow"})
+    assert status in (400, 409) and "ops-flow" in body["error"]["message"], body
+    status, key = admin("POST", "/admin/keys", {"tenant": "ops-flow", "label": "script", "rpm": 100})
+    assert status in (200, 201) and key["secret"].startswith("sk-") and key["key_id"], key
+    status, body = admin("POST", "/admin/keys", {"tenant": "nobody-by-this-name"})
+    assert status == 404, body
+    status, body = admin("POST", "/admin/topups", {"tenant": "ops-flow", "amount": "20.00", "idempotency_key": "t-1"})
+    assert status in (200, 201), body
+    assert admin("POST", "/admin/topups", {"tenant": "ops-flow", "amount": "20.00", "idempotency_key": "t-1"})[0] in (200, 201)
+    status, body = admin("POST", "/admin/topups", {"tenant": "ops-flow", "amount": "1e3"})
+    assert status == 400, body
+
+    gw.wait_key(key["secret"])
+    status, answer, _ = http_json("POST", gw.base + "/v1/chat/completions",
+                                  {"model": "colibri", "messages": [{"role": "user", "content": "hola [[sim: tokens=5]]"}]},
+                                  {"Authorization": f"Bearer {key['secret']}"})
+    assert status == 200, answer
+    u = answer["usage"]
+    i, c, o = PRICES["colibri"]
+    cached = u["prompt_tokens_details"]["cached_tokens"]
+    charge = ((u["prompt_tokens"] - cached) * i + cached * c + u["completion_tokens"] * o) / Decimal(1_000_000)
+
+    status, keys = admin("GET", "/admin/keys?tenant=ops-flow")
+    listed = keys["keys"] if isinstance(keys, dict) else keys
+    assert status == 200 and [k["key_id"] for k in listed] == [key["key_id"]], keys
+    assert key["secret"] not in json.dumps(keys), "a listing never shows a secret"
+
+    def statement():
+        status, st = admin("GET", "/admin/statement?tenant=ops-flow")
+        assert status == 200, st
+        return st
+
+    wait_until(lambda: statement()["totals"]["requests"] == 1, 5, "the request in the statement")
+    st = statement()
+    assert Decimal(st["totals"]["charges"]) == charge
+    assert Decimal(st["totals"]["top_ups"]) == Decimal("20.00"), "the repeated idempotency key added nothing"
+    assert Decimal(st["balance"]) == Decimal("20.00") - charge
+    status, tenants = admin("GET", "/admin/tenants")
+    listed = tenants["tenants"] if isinstance(tenants, dict) else tenants
+    (row,) = [t for t in listed if t["name"] == "ops-flow"]
+    assert Decimal(row["balance"]) == Decimal("20.00") - charge, row
+
+    assert admin("POST", f"/admin/keys/{key['key_id']}/revoke")[0] in (200, 204)
+    wait_until(lambda: http_json("POST", gw.base + "/v1/chat/completions",
+                                 {"model": "colibri", "messages": [{"role": "user", "content": "x"}]},
+                                 {"Authorization": f"Bearer {key['secret']}"})[0] == 401, 2, "the revocation")
+    assert admin("GET", "/admin/nothing-here")[0] == 404
