@@ -1,25 +1,41 @@
-//! The chat-format stream translator fed generated upstream streams split at arbitrary offsets:
-//! the output does not depend on the splits; every frame is `data: <JSON>` (no repeated keys)
-//! or `data: [DONE]`; the upstream's model name never shows; usage reaches the client only
-//! when asked; and, when the stream's content is clean, what a client accumulates from the
-//! stream equals the non-streaming translation of the same answer.
+//! The chat-format stream translator, fed through the gateway's path (`SseDecoder` →
+//! `feed_stream` per read → `finish_stream`) in two modes chosen by the first byte:
+//!
+//! - structured (any first byte but `R`): a generated upstream chunk sequence
+//!   ([`upstream_stream`]), realistic or wild, split at fuzzer-chosen offsets;
+//! - raw (`R`): the rest of the input *is* the upstream's SSE byte stream, split at
+//!   fuzzer-chosen offsets ([`raw_input`]).
+//!
+//! In both: the output (bytes, metered usage, how it ended) does not depend on the splits; it
+//! is UTF-8, every frame is one `data: ` line holding JSON (no repeated keys unless the
+//! upstream repeated some) or `[DONE]`; `[DONE]` ends every stream and nothing follows it;
+//! every `model` the client sees is the slug and no error frame names the upstream's model;
+//! usage reaches the client only when asked; a failed stream's last frame before `[DONE]` is
+//! the error. Structured and clean: what a client accumulates from the stream (per field, per
+//! tool-call index) equals the non-streaming translation of the same answer.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use quipu_core::config::ReasoningField;
 use quipu_core::sse::SseDecoder;
 use quipu_core::translate::chat::{upstream_to_chat, ChatStream};
-use quipu_core::translate::{feed_stream, finish_stream, ResponseContext, StreamEnd, StreamTranslator};
+use quipu_core::translate::{
+    feed_stream, finish_stream, ResponseContext, StreamEnd, StreamTranslator,
+};
 use quipu_core::usage::Usage;
-use quipu_fuzz::{parse_strict, pieces, splits, upstream_stream, Cursor};
+use quipu_fuzz::{parse_strict, pieces, raw_input, splits, sse_data, upstream_stream, Cursor};
+use serde_json::value::RawValue;
 use serde_json::Value;
+use std::collections::BTreeMap;
+
+const UPSTREAM_MODEL: &str = "Qwen/Qwen3-Upstream";
 
 fn ctx() -> ResponseContext {
     ResponseContext {
         request_id: "req_f".into(),
         client_model: "aguila".into(),
         slug: "aguila".into(),
-        upstream_model: "Qwen/Qwen3-Upstream".into(),
+        upstream_model: UPSTREAM_MODEL.into(),
         tool_name_map: Vec::new(),
     }
 }
@@ -42,7 +58,9 @@ struct Accumulated {
     reasoning: String,
     reasoning_content: String,
     /// (id, name, arguments) by index.
-    calls: Vec<(String, String, String)>,
+    calls: BTreeMap<u64, (String, String, String)>,
+    /// A tool-call delta without an integer `index` (a client could not place it).
+    unplaced_call: bool,
     finish: Value,
     usage: Option<Value>,
 }
@@ -53,34 +71,61 @@ fn append(to: &mut String, v: &Value) {
     }
 }
 
-fuzz_target!(|data: &[u8]| {
-    let mut c = Cursor::new(data);
-    let wants_usage = c.byte() % 2 == 0;
-    let field = [ReasoningField::Both, ReasoningField::Reasoning, ReasoningField::ReasoningContent][c.below(3)];
-    let g = upstream_stream(&mut c);
-    let points = splits(&mut c, g.sse.len());
-    let (whole, usage, end) = run(&[&g.sse], wants_usage, field);
-    let (split, usage2, end2) = run(&pieces(&g.sse, &points), wants_usage, field);
-    assert_eq!(whole, split, "splits at {points:?} changed the output");
-    assert_eq!((usage, end), (usage2, end2));
-    let text = std::str::from_utf8(&whole).expect("output is UTF-8");
-    assert!(!text.contains("Qwen3-Upstream"), "the upstream model name leaked");
-    assert!(text.ends_with("data: [DONE]\n\n"), "every stream ends with [DONE]");
+/// Checks the invariants every output must meet, whatever the upstream sent, and accumulates
+/// what a client would. `lenient_json`: the upstream itself sent JSON with repeated keys or
+/// lone surrogates, which the relay passes on as is; then a frame need only be JSON syntax.
+fn check_output(out: &[u8], end: StreamEnd, wants_usage: bool, lenient_json: bool) -> Accumulated {
+    assert_ne!(end, StreamEnd::Open, "the stream was left open");
+    let text = std::str::from_utf8(out).expect("output is UTF-8");
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "every stream ends with [DONE]"
+    );
+    let frames: Vec<&str> = text
+        .strip_suffix("\n\n")
+        .unwrap_or(text)
+        .split("\n\n")
+        .collect();
     let mut acc = Accumulated::default();
     let mut usage_frames = 0;
-    for frame in text.strip_suffix("\n\n").unwrap_or(text).split("\n\n") {
-        let data = frame.strip_prefix("data: ").expect("frames are data lines");
-        assert!(!data.contains(['\n', '\r']), "a frame spans lines: {frame:?}");
+    let mut error_at = None;
+    for (n, frame) in frames.iter().enumerate() {
+        let data = frame
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("frame {n} is not a data line: {frame:?}"));
+        assert!(
+            !data.contains(['\n', '\r']),
+            "a frame spans lines: {frame:?}"
+        );
         if data == "[DONE]" {
+            assert_eq!(n + 1, frames.len(), "frames after [DONE]");
             continue;
         }
-        let v = parse_strict(data).unwrap_or_else(|e| panic!("frame data is not clean JSON ({e}): {data}"));
+        let v = match parse_strict(data) {
+            Ok(v) => v,
+            Err(e) if lenient_json && serde_json::from_str::<&RawValue>(data).is_ok() => {
+                let _ = e;
+                continue; // relayed as the upstream wrote it; no further reading
+            }
+            Err(e) => panic!("frame data is not clean JSON ({e}): {data}"),
+        };
         if v.get("usage").is_some_and(|u| !u.is_null()) {
             usage_frames += 1;
             acc.usage = v.get("usage").cloned();
         }
         if let Some(m) = v.get("model") {
-            assert_eq!(m, "aguila");
+            assert_eq!(m, "aguila", "a model other than the slug");
+        }
+        if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+            assert!(
+                e["message"].is_string() && e["type"].is_string(),
+                "a malformed error frame: {data}"
+            );
+            assert!(
+                !v.to_string().contains(UPSTREAM_MODEL),
+                "an error names the upstream model: {data}"
+            );
+            error_at = Some(n);
         }
         for ch in v["choices"].as_array().into_iter().flatten() {
             let d = &ch["delta"];
@@ -88,11 +133,11 @@ fuzz_target!(|data: &[u8]| {
             append(&mut acc.reasoning, &d["reasoning"]);
             append(&mut acc.reasoning_content, &d["reasoning_content"]);
             for tc in d["tool_calls"].as_array().into_iter().flatten() {
-                let k = tc["index"].as_u64().expect("tool call index") as usize;
-                if acc.calls.len() <= k {
-                    acc.calls.resize(k + 1, Default::default());
-                }
-                let call = &mut acc.calls[k];
+                let Some(k) = tc["index"].as_u64() else {
+                    acc.unplaced_call = true;
+                    continue;
+                };
+                let call = acc.calls.entry(k).or_default();
                 append(&mut call.0, &tc["id"]);
                 append(&mut call.1, &tc["function"]["name"]);
                 append(&mut call.2, &tc["function"]["arguments"]);
@@ -105,28 +150,109 @@ fuzz_target!(|data: &[u8]| {
     if !wants_usage {
         assert_eq!(usage_frames, 0, "usage shown to a client that did not ask");
     }
+    match end {
+        StreamEnd::Failed => assert_eq!(
+            error_at,
+            Some(frames.len().saturating_sub(2)),
+            "a failed stream ends with its error, then [DONE]"
+        ),
+        _ => assert_eq!(error_at, None, "an error frame in a stream that completed"),
+    }
+    acc
+}
+
+fn options(b: u8) -> (bool, ReasoningField) {
+    let field = [
+        ReasoningField::Both,
+        ReasoningField::Reasoning,
+        ReasoningField::ReasoningContent,
+    ][usize::from(b >> 1) % 3];
+    (b % 2 == 0, field)
+}
+
+fuzz_target!(|data: &[u8]| {
+    if let Some(raw) = raw_input(data) {
+        let (wants_usage, field) = options(raw.flags);
+        let (whole, usage, end) = run(&[raw.sse], wants_usage, field);
+        let (split, usage2, end2) = run(&pieces(raw.sse, &raw.points), wants_usage, field);
+        assert_eq!(
+            whole, split,
+            "splits at {:?} changed the output",
+            raw.points
+        );
+        assert_eq!(
+            (usage, end),
+            (usage2, end2),
+            "splits changed the usage or the end"
+        );
+        // Repeated keys or lone surrogates in the upstream's JSON: relayed as they came.
+        let lenient = sse_data(raw.sse).iter().any(|d| {
+            let s = String::from_utf8_lossy(d);
+            serde_json::from_str::<&RawValue>(&s).is_ok() && parse_strict(&s).is_err()
+        });
+        check_output(&whole, end, wants_usage, lenient);
+        return;
+    }
+    let mut c = Cursor::new(data);
+    let (wants_usage, field) = options(c.byte());
+    let g = upstream_stream(&mut c);
+    let points = splits(&mut c, g.sse.len());
+    let (whole, usage, end) = run(&[&g.sse], wants_usage, field);
+    let (split, usage2, end2) = run(&pieces(&g.sse, &points), wants_usage, field);
+    assert_eq!(whole, split, "splits at {points:?} changed the output");
+    assert_eq!((usage, end), (usage2, end2));
+    assert!(
+        !String::from_utf8_lossy(&whole).contains("Qwen3-Upstream"),
+        "the upstream model name leaked"
+    );
+    let acc = check_output(&whole, end, wants_usage, false);
     let Some(body) = &g.completion else { return };
+    // Clean, in order or not: an OpenAI client accumulates per field and per index.
     assert_eq!(end, StreamEnd::Complete, "a clean stream completes");
-    let (plain, plain_usage) = upstream_to_chat(body.to_string().as_bytes(), &ctx(), field).expect("a clean completion translates");
-    let plain = parse_strict(std::str::from_utf8(&plain).expect("UTF-8")).expect("the non-stream body is clean JSON");
+    assert!(
+        !acc.unplaced_call,
+        "a clean stream's tool-call delta without an index"
+    );
+    let (plain, plain_usage) = upstream_to_chat(body.to_string().as_bytes(), &ctx(), field)
+        .expect("a clean completion translates");
+    let plain = parse_strict(std::str::from_utf8(&plain).expect("UTF-8"))
+        .expect("the non-stream body is clean JSON");
     assert_eq!(plain["model"], "aguila");
     let m = &plain["choices"][0]["message"];
     let text_of = |v: &Value| v.as_str().unwrap_or_default().to_owned();
     assert_eq!(acc.content, text_of(&m["content"]), "content differs");
     assert_eq!(acc.reasoning, text_of(&m["reasoning"]), "reasoning differs");
-    assert_eq!(acc.reasoning_content, text_of(&m["reasoning_content"]), "reasoning_content differs");
+    assert_eq!(
+        acc.reasoning_content,
+        text_of(&m["reasoning_content"]),
+        "reasoning_content differs"
+    );
     let plain_calls: Vec<(String, String, String)> = m["tool_calls"]
         .as_array()
         .into_iter()
         .flatten()
-        .map(|t| (text_of(&t["id"]), text_of(&t["function"]["name"]), text_of(&t["function"]["arguments"])))
+        .map(|t| {
+            (
+                text_of(&t["id"]),
+                text_of(&t["function"]["name"]),
+                text_of(&t["function"]["arguments"]),
+            )
+        })
         .collect();
-    assert_eq!(acc.calls, plain_calls, "tool calls differ");
-    assert_eq!(acc.finish, plain["choices"][0]["finish_reason"], "finish_reason differs");
+    let streamed_calls: Vec<(String, String, String)> = acc.calls.values().cloned().collect();
+    assert_eq!(streamed_calls, plain_calls, "tool calls differ");
+    assert_eq!(
+        acc.finish, plain["choices"][0]["finish_reason"],
+        "finish_reason differs"
+    );
     if g.usage_sent {
         assert_eq!(usage, plain_usage, "metered usage differs");
         if wants_usage {
-            assert_eq!(acc.usage.as_ref(), Some(&plain["usage"]), "usage frame differs");
+            assert_eq!(
+                acc.usage.as_ref(),
+                Some(&plain["usage"]),
+                "usage frame differs"
+            );
         }
     }
 });

@@ -12,7 +12,8 @@ fuzz_target!(|data: &[u8]| {
             assert!(!c.models.is_empty());
             for m in &c.models {
                 for r in [m.prices.input, m.prices.cached, m.prices.output] {
-                    let again = Rate::parse(&r.per_million().to_decimal()).expect("a rate prints back");
+                    let again =
+                        Rate::parse(&r.per_million().to_decimal()).expect("a rate prints back");
                     assert_eq!(again, r);
                 }
             }

@@ -37,5 +37,8 @@ fuzz_target!(|data: &[u8]| {
     let split = decode(&pieces(body, &points));
     // One size rule on every path: an over-long line or event fails at the same event whether
     // it arrived whole or in pieces, after the same events.
-    assert_eq!(whole, split, "split at {points:?} changed the events or the error");
+    assert_eq!(
+        whole, split,
+        "split at {points:?} changed the events or the error"
+    );
 });
