@@ -157,6 +157,17 @@ pub fn finish_stream(
     }
 }
 
+/// `error` as a client may see it: its message can quote upstream bytes (a parser's complaint,
+/// an unknown finish reason), so the upstream's model name in it becomes the slug — the
+/// upstream's name never reaches a client.
+pub fn scrub_error(mut error: ApiError, ctx: &ResponseContext) -> ApiError {
+    let upstream = ctx.upstream_model.as_str();
+    if !upstream.is_empty() && error.message.contains(upstream) {
+        error.message = error.message.replace(upstream, &ctx.slug);
+    }
+    error
+}
+
 /// The error a client sees when the upstream's stream cannot be read.
 pub fn malformed_stream(detail: &str) -> ApiError {
     ApiError::new(

@@ -15,7 +15,7 @@
 
 use super::super::splice::{key_range, member_range, range_of, Splice};
 use super::super::upstream_error::{map_upstream_error, UpstreamFailure};
-use super::super::{malformed_stream, ResponseContext, StreamEnd, StreamTranslator};
+use super::super::{malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator};
 use crate::config::ReasoningField;
 use crate::error::{write_json_str, ApiError, ClientFormat};
 use crate::sse::{write_data_frame, DONE_FRAME};
@@ -228,6 +228,19 @@ pub fn upstream_to_chat(
     ctx: &ResponseContext,
     reasoning: ReasoningField,
 ) -> Result<(Vec<u8>, Usage), ApiError> {
+    // Relayed nearly verbatim: invalid UTF-8 in a member the parser skips would reach the
+    // client.
+    if std::str::from_utf8(upstream_body).is_err() {
+        return Err(malformed_stream("a completion that is not UTF-8"));
+    }
+    completion_to_chat(upstream_body, ctx, reasoning).map_err(|e| scrub_error(e, ctx))
+}
+
+fn completion_to_chat(
+    upstream_body: &[u8],
+    ctx: &ResponseContext,
+    reasoning: ReasoningField,
+) -> Result<(Vec<u8>, Usage), ApiError> {
     let spans: Spans = serde_json::from_slice(upstream_body)
         .map_err(|e| malformed_stream(&format!("invalid completion JSON: {e}")))?;
     if let Some(err) = spans.error {
@@ -322,12 +335,18 @@ impl ChatStream {
     }
 
     fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
+        let error = scrub_error(error, &self.ctx);
         error.write_sse(ClientFormat::Chat, &self.ctx.request_id, out);
         self.error = Some(error);
         self.end = StreamEnd::Failed;
     }
 
     fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
+        // Relayed nearly verbatim, so invalid UTF-8 in a member the parser skips would reach
+        // the client: every chunk is checked whole (one pass, word at a time).
+        if std::str::from_utf8(data).is_err() {
+            return Err(malformed_stream("a chunk that is not UTF-8"));
+        }
         let spans: Spans = serde_json::from_slice(data)
             .map_err(|e| malformed_stream(&format!("invalid chunk JSON: {e}")))?;
         if let Some(err) = spans.error {
@@ -880,5 +899,40 @@ mod tests {
             json!({"prompt_tokens":3,"completion_tokens":1,"total_tokens":4,
                    "prompt_tokens_details":{"cached_tokens":0}})
         );
+    }
+
+    #[test]
+    fn non_utf8_and_the_upstream_name_never_reach_the_client() {
+        // Found by the stream fuzzer: serde_json does not check UTF-8 in members it skips,
+        // and a parser's complaint quotes the upstream's bytes.
+        let (frames, done, t) = run(
+            &[b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"\x97\"},\"finish_reason\":\"stop\"}]}\n\n"],
+            false,
+            ReasoningField::Both,
+        );
+        assert_eq!(t.end(), StreamEnd::Failed, "{frames:?} {done}");
+        assert!(upstream_to_chat(
+            b"{\"x\":\"\x97\",\"choices\":[]}",
+            &ctx(),
+            ReasoningField::Both
+        )
+        .is_err());
+        let (frames, _, t) = run(
+            &[b"data: {\"choices\":\"Qwen/Qwen3-32B\"}\n\n"],
+            false,
+            ReasoningField::Both,
+        );
+        assert!(t.error().is_some());
+        assert!(
+            !format!("{frames:?}").contains("Qwen/Qwen3-32B"),
+            "{frames:?}"
+        );
+        let e = upstream_to_chat(
+            br#"{"choices":"Qwen/Qwen3-32B"}"#,
+            &ctx(),
+            ReasoningField::Both,
+        )
+        .unwrap_err();
+        assert!(!e.message.contains("Qwen/Qwen3-32B"), "{}", e.message);
     }
 }

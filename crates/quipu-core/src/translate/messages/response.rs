@@ -19,7 +19,7 @@ use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
 use crate::translate::json_scan::{ObjectScanner, Scan};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
-use crate::translate::ResponseContext;
+use crate::translate::{scrub_error, ResponseContext};
 use crate::usage::Usage;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -215,6 +215,13 @@ pub fn write_tool_input(out: &mut Vec<u8>, arguments: &str, scan: Scan) {
 /// Translates a non-streaming upstream response; returns the client body and the usage to
 /// bill. An error object, an unreadable body or an incomplete generation is an [`ApiError`].
 pub fn upstream_to_message(
+    upstream_body: &[u8],
+    ctx: &ResponseContext,
+) -> Result<(Vec<u8>, Usage), ApiError> {
+    completion_to_message(upstream_body, ctx).map_err(|e| scrub_error(e, ctx))
+}
+
+fn completion_to_message(
     upstream_body: &[u8],
     ctx: &ResponseContext,
 ) -> Result<(Vec<u8>, Usage), ApiError> {

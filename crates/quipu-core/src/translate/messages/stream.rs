@@ -55,7 +55,9 @@ use super::response::{
 use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
 use crate::translate::json_scan::{ObjectScanner, Scan};
-use crate::translate::{malformed_stream, ResponseContext, StreamEnd, StreamTranslator};
+use crate::translate::{
+    malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
+};
 use crate::usage::Usage;
 
 /// The block currently open.
@@ -527,6 +529,7 @@ impl MessagesStream {
     }
 
     fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
+        let error = scrub_error(error, &self.ctx);
         error.write_sse(ClientFormat::Messages, &self.ctx.request_id, out);
         self.error = Some(error);
         self.end = StreamEnd::Failed;

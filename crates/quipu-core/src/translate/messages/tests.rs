@@ -2649,3 +2649,21 @@ fn request_translation_is_linear_in_the_conversation() {
     let forty = sizes[2].1 - sizes[1].1;
     assert!(forty.abs_diff(2 * twenty) <= twenty / 100, "{sizes:?}");
 }
+
+#[test]
+fn errors_quoting_upstream_bytes_never_name_the_upstream_model() {
+    // Found by the stream fuzzer: a parser's complaint and an unknown finish reason quote
+    // what the upstream sent, the upstream's model name included.
+    let up = "Qwen/Qwen3-VL-32B-Instruct";
+    for body in [
+        format!(r#"{{"choices":"{up}"}}"#),
+        format!(r#"{{"choices":[{{"index":0,"delta":{{}},"finish_reason":"{up}"}}]}}"#),
+    ] {
+        let s = stream(&format!("data: {body}\n\n"));
+        let text = String::from_utf8(s.out.clone()).unwrap();
+        assert!(text.contains("event: error"), "{text}");
+        assert!(!text.contains(up), "{text}");
+        let e = nonstream(&serde_json::from_str::<Value>(&body).unwrap()).unwrap_err();
+        assert!(!e.message.contains(up), "{}", e.message);
+    }
+}
