@@ -153,6 +153,11 @@ def rolling_restart(gw: Gateway, sim: Sim, archive: dict) -> None:
     # billed, after the records below were read.
     wait_until(lambda: gw.metric_value("quipu_upstream_in_flight", replica=sim.api_base) == 0, 30)
     wait_until(lambda: sim.stats()["in_flight"] == 0, 30)
+    # From here on it answers 503 (the gateway fails such a request over to another replica):
+    # should the gateway still route a request here — all replicas looking unhealthy to a
+    # starved health check puts a pool into panic routing — the record lost with the process
+    # is a refusal, never the answer that was billed.
+    sim.set_fault(503)
     for r in sim.requests(0):
         keep(archive, sim.port, r)
     sim.stop(signal.SIGKILL)
