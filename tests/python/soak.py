@@ -158,6 +158,7 @@ def rolling_restart(gw: Gateway, sim: Sim, archive: dict) -> None:
     # starved health check puts a pool into panic routing — the record lost with the process
     # is a refusal, never the answer that was billed.
     sim.set_fault(503)
+    wait_until(lambda: sim.stats()["in_flight"] == 0, 30)  # one that slipped in before the flip
     for r in sim.requests(0):
         keep(archive, sim.port, r)
     sim.stop(signal.SIGKILL)
