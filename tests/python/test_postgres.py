@@ -341,52 +341,54 @@ def test_a_store_outage_stops_admission_at_max_unstored_rows_and_loses_nothing(w
     gw.config_path.write_text(gw.config_text)
     gw.start()
     _, key = gw.new_tenant("backlog", top_up="100.00")
-
-    def ask(i: int, fmt: str = "chat"):
-        if fmt == "chat":
-            return http_json("POST", gw.base + "/v1/chat/completions",
-                             {"model": "colibri", "messages": [{"role": "user", "content": f"b{i} [[sim: tokens=3]]"}]},
-                             {"Authorization": f"Bearer {key}"}, timeout=30)
-        return http_json("POST", gw.base + "/v1/messages",
-                         {"model": "colibri", "max_tokens": 20, "messages": [{"role": "user", "content": f"b{i} [[sim: tokens=3]]"}]},
-                         {"x-api-key": key, "anthropic-version": "2023-06-01"}, timeout=30)
-
-    status, _, hdrs = ask(0)  # takes a lease while the database is up
-    assert status == 200
-    answered = [hdrs["x-request-id"]]
-    pg_server("pause")
     try:
-        refused = None
-        for i in range(1, 40):
-            status, body, hdrs = ask(i)
-            if status == 200:
-                answered.append(hdrs["x-request-id"])
-                continue
-            refused = (status, body, hdrs)
-            break
-        assert refused, f"{len(answered)} requests admitted with the store down and a cap of 3 rows"
-        status, body, hdrs = refused
-        assert status == 503 and body["error"]["code"] == "upstream_unavailable", body
-        assert "cannot record charges" in body["error"]["message"] and hdrs.get("retry-after") == "5"
-        # Exactly the cap: 3 rows owed (the first one's too, if it was not written before the
-        # pause), then nothing more is admitted.
-        assert len(answered) in (3, 4), answered
-        status, body, _ = ask(99, "messages")
-        assert status == 529 and body["error"]["type"] == "overloaded_error", body
-        # The gauge follows on the writer's next retry.
-        wait_until(lambda: gw.metric_value("quipu_ledger_queue_rows") >= 3, timeout=10,
-                   what="quipu_ledger_queue_rows showing the backlog")
+        def ask(i: int, fmt: str = "chat"):
+            if fmt == "chat":
+                return http_json("POST", gw.base + "/v1/chat/completions",
+                                 {"model": "colibri", "messages": [{"role": "user", "content": f"b{i} [[sim: tokens=3]]"}]},
+                                 {"Authorization": f"Bearer {key}"}, timeout=30)
+            return http_json("POST", gw.base + "/v1/messages",
+                             {"model": "colibri", "max_tokens": 20, "messages": [{"role": "user", "content": f"b{i} [[sim: tokens=3]]"}]},
+                             {"x-api-key": key, "anthropic-version": "2023-06-01"}, timeout=30)
+
+        status, _, hdrs = ask(0)  # takes a lease while the database is up
+        assert status == 200
+        answered = [hdrs["x-request-id"]]
+        pg_server("pause")
+        try:
+            refused = None
+            for i in range(1, 40):
+                status, body, hdrs = ask(i)
+                if status == 200:
+                    answered.append(hdrs["x-request-id"])
+                    continue
+                refused = (status, body, hdrs)
+                break
+            assert refused, f"{len(answered)} requests admitted with the store down and a cap of 3 rows"
+            status, body, hdrs = refused
+            assert status == 503 and body["error"]["code"] == "upstream_unavailable", body
+            assert "cannot record charges" in body["error"]["message"] and hdrs.get("retry-after") == "5"
+            # Exactly the cap: 3 rows owed (the first one's too, if it was not written before the
+            # pause), then nothing more is admitted.
+            assert len(answered) in (3, 4), answered
+            status, body, _ = ask(99, "messages")
+            assert status == 529 and body["error"]["type"] == "overloaded_error", body
+            # The gauge follows on the writer's next retry.
+            wait_until(lambda: gw.metric_value("quipu_ledger_queue_rows") >= 3, timeout=10,
+                       what="quipu_ledger_queue_rows showing the backlog")
+        finally:
+            pg_server("resume")
+        deadline = time.time() + 20
+        while ask(100)[0] != 200:
+            assert time.time() < deadline, "admission did not resume once the store was back"
+            time.sleep(0.2)
+        rows = "SELECT entry_id FROM ledger WHERE kind = 'request' AND tenant_id = " \
+            "(SELECT id FROM tenants WHERE name = 'backlog')"
+        deadline = time.time() + 10
+        while not set(answered) <= set(psql(pg_url, rows)):
+            assert time.time() < deadline, "rows queued during the outage never reached the ledger"
+            time.sleep(0.1)
+        assert gw.stop() == 0
     finally:
-        pg_server("resume")
-    deadline = time.time() + 20
-    while ask(100)[0] != 200:
-        assert time.time() < deadline, "admission did not resume once the store was back"
-        time.sleep(0.2)
-    rows = "SELECT entry_id FROM ledger WHERE kind = 'request' AND tenant_id = " \
-        "(SELECT id FROM tenants WHERE name = 'backlog')"
-    deadline = time.time() + 10
-    while not set(answered) <= set(psql(pg_url, rows)):
-        assert time.time() < deadline, "rows queued during the outage never reached the ledger"
-        time.sleep(0.1)
-    assert gw.stop() == 0
-    sim.stop()
+        gw.stop()
+        sim.stop()
