@@ -40,7 +40,11 @@ pub async fn handle(
     } else {
         downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
     }
-    let head = head_bytes(session.req_header());
+    // The head exactly as it arrived (pingora keeps it), not a re-estimate from parsed parts.
+    let head = session
+        .as_downstream()
+        .as_http1()
+        .map_or(0, |h1| h1.get_headers_raw_bytes().len());
     let max_head = gw.config.server.max_header_bytes;
     if head > max_head {
         let e = ApiError::new(
@@ -107,14 +111,6 @@ pub async fn handle(
         }
         Route::Chat | Route::Messages | Route::CountTokens => api(gw, session, ctx).await,
     }
-}
-
-/// Size of a request head as sent: request line and header lines, with their separators.
-fn head_bytes(req: &pingora::http::RequestHeader) -> usize {
-    let line = req.method.as_str().len() + req.raw_path().len() + " HTTP/1.1\r\n ".len();
-    req.headers.iter().fold(line, |n, (name, value)| {
-        n + name.as_str().len() + value.len() + ": \r\n".len()
-    })
 }
 
 /// Fails `ctx` with `err`, written in the request's format.

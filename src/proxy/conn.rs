@@ -9,10 +9,11 @@
 //!   it is accepted, before anything is read; idle keep-alive connections count too. Closing
 //!   costs nothing under a flood, and a client sees a closed connection it can retry.
 //! - **A request-head deadline** (`server.header_timeout_ms`): the whole head must arrive within
-//!   it, counted from the connection's opening for its first request; a later request on a
-//!   keep-alive connection may first idle up to `server.keepalive_timeout_s` (pingora closes it
-//!   then), and its head must be whole within the deadline after that. Otherwise the
-//!   connection is closed.
+//!   it, counted from the connection's opening for its first request. A later request on a
+//!   keep-alive connection must have its whole head within `server.keepalive_timeout_s` +
+//!   `server.header_timeout_ms` of the previous response (idle time and a slow head share that
+//!   budget: the loop no longer reads a byte ahead to see when a head starts, which cost a
+//!   system call per request). Otherwise the connection is closed.
 //! - **Draining**: once a graceful shutdown starts (SIGTERM, or the end of a graceful upgrade), a
 //!   request in progress is finished and its connection then closed; a connection that has not
 //!   delivered a whole head is given [`LATE_HEAD_GRACE`] to do so (a head that was half sent

@@ -62,9 +62,8 @@ async fn write_json(
         if let Some(s) = kind.retry_after() {
             h.insert_header("retry-after", HeaderValue::from(s))?;
         }
-        if let Some(retry) = kind.should_retry() {
-            let v = if retry { "true" } else { "false" };
-            h.insert_header("x-should-retry", HeaderValue::from_static(v))?;
+        if kind.forbids_retry() {
+            h.insert_header("x-should-retry", HeaderValue::from_static("false"))?;
         }
     }
     ctx.status = status;

@@ -161,14 +161,11 @@ impl ErrorKind {
         }
     }
 
-    /// `false` for a failure that fails the same way however often it is retried: sent as
+    /// A failure that fails the same way however often it is retried: sent with
     /// `x-should-retry: false`, which both official SDKs obey before their status rules (they
-    /// would otherwise retry every 5xx twice). `None` leaves the decision to those rules.
-    pub fn should_retry(&self) -> Option<bool> {
-        match self {
-            ErrorKind::TokenizerUnavailable => Some(false),
-            _ => None,
-        }
+    /// would otherwise retry every 5xx twice). Other kinds leave the decision to those rules.
+    pub fn forbids_retry(&self) -> bool {
+        matches!(self, ErrorKind::TokenizerUnavailable)
     }
 
     /// Short stable label for metrics and the access log (bounded cardinality).
@@ -397,7 +394,7 @@ mod tests {
 
     #[test]
     fn only_failures_that_cannot_change_forbid_a_retry() {
-        assert_eq!(ErrorKind::TokenizerUnavailable.should_retry(), Some(false));
+        assert!(ErrorKind::TokenizerUnavailable.forbids_retry());
         // Overload, timeouts and upstream faults are worth the SDK's retries.
         for kind in [
             ErrorKind::Overloaded { retry_after: 1 },
@@ -405,7 +402,7 @@ mod tests {
             ErrorKind::Upstream,
             ErrorKind::Internal,
         ] {
-            assert_eq!(kind.should_retry(), None, "{kind:?}");
+            assert!(!kind.forbids_retry(), "{kind:?}");
         }
     }
 

@@ -21,7 +21,8 @@
 //!
 //! Lines are split on `\n`/`\r` bytes, which never occur inside a multi-byte UTF-8 sequence, so
 //! a code point split across two reads needs no special care here; the data is handed on as
-//! bytes and its UTF-8 is checked by the JSON parser that reads it.
+//! bytes and its UTF-8 is checked by the translator that reads it (whole, where it relays the
+//! bytes: a JSON parser checks only the strings it does not skip).
 
 use std::fmt;
 

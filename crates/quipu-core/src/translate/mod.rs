@@ -157,15 +157,28 @@ pub fn finish_stream(
     }
 }
 
-/// `error` as a client may see it: its message can quote upstream bytes (a parser's complaint,
-/// an unknown finish reason), so the upstream's model name in it becomes the slug — the
-/// upstream's name never reaches a client.
+/// `error` as a client may see it. Translator errors quote no upstream text of their own (see
+/// [`json_failure`]); this is the one net, at each translator's boundary, for what they still
+/// relay (an upstream error message, a short finish reason): the upstream's model name
+/// becomes the slug.
 pub fn scrub_error(mut error: ApiError, ctx: &ResponseContext) -> ApiError {
-    let upstream = ctx.upstream_model.as_str();
-    if !upstream.is_empty() && error.message.contains(upstream) {
-        error.message = error.message.replace(upstream, &ctx.slug);
+    if error.message.contains(ctx.upstream_model.as_str()) {
+        error.message = upstream_error::scrub(&error.message, &ctx.upstream_model, &ctx.slug);
     }
     error
+}
+
+/// Why upstream JSON could not be read, without quoting it: serde's own messages quote the
+/// rejected value (an upstream model name, or a megabyte of text), which must not reach a
+/// client.
+pub fn json_failure(what: &str, e: &serde_json::Error) -> String {
+    let why = match e.classify() {
+        serde_json::error::Category::Syntax => "not JSON",
+        serde_json::error::Category::Data => "not the expected shape",
+        serde_json::error::Category::Eof => "cut short",
+        serde_json::error::Category::Io => "unreadable",
+    };
+    format!("{what} is {why} (line {}, column {})", e.line(), e.column())
 }
 
 /// The error a client sees when the upstream's stream cannot be read.

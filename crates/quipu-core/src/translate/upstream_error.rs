@@ -238,7 +238,7 @@ pub fn context_numbers(m: &str) -> ContextNumbers {
 }
 
 /// Replaces the upstream's model name with the slug.
-fn scrub(message: &str, upstream_model: &str, slug: &str) -> String {
+pub(crate) fn scrub(message: &str, upstream_model: &str, slug: &str) -> String {
     if upstream_model.is_empty() {
         message.to_owned()
     } else {

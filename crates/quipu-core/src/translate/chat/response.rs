@@ -15,7 +15,9 @@
 
 use super::super::splice::{key_range, member_range, range_of, Splice};
 use super::super::upstream_error::{map_upstream_error, UpstreamFailure};
-use super::super::{malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator};
+use super::super::{
+    json_failure, malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
+};
 use crate::config::ReasoningField;
 use crate::error::{write_json_str, ApiError, ClientFormat};
 use crate::sse::{write_data_frame, DONE_FRAME};
@@ -228,12 +230,17 @@ pub fn upstream_to_chat(
     ctx: &ResponseContext,
     reasoning: ReasoningField,
 ) -> Result<(Vec<u8>, Usage), ApiError> {
-    // Relayed nearly verbatim: invalid UTF-8 in a member the parser skips would reach the
-    // client.
-    if std::str::from_utf8(upstream_body).is_err() {
-        return Err(malformed_stream("a completion that is not UTF-8"));
-    }
     completion_to_chat(upstream_body, ctx, reasoning).map_err(|e| scrub_error(e, ctx))
+}
+
+/// Parses upstream JSON that is relayed nearly verbatim. The bytes are checked to be UTF-8
+/// once, whole, and parsed as a `&str`: serde's slice reader checks only the strings it reads,
+/// so invalid UTF-8 in a member it skips would otherwise reach the client (and it would check
+/// the ones it reads a second time).
+fn parse_relayed<'a>(bytes: &'a [u8], what: &str) -> Result<Spans<'a>, ApiError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| malformed_stream(&format!("{what} is not UTF-8")))?;
+    serde_json::from_str(text).map_err(|e| malformed_stream(&json_failure(what, &e)))
 }
 
 fn completion_to_chat(
@@ -241,8 +248,7 @@ fn completion_to_chat(
     ctx: &ResponseContext,
     reasoning: ReasoningField,
 ) -> Result<(Vec<u8>, Usage), ApiError> {
-    let spans: Spans = serde_json::from_slice(upstream_body)
-        .map_err(|e| malformed_stream(&format!("invalid completion JSON: {e}")))?;
+    let spans = parse_relayed(upstream_body, "the completion")?;
     if let Some(err) = spans.error {
         return Err(upstream_error_object(err.get().as_bytes(), ctx));
     }
@@ -342,13 +348,7 @@ impl ChatStream {
     }
 
     fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
-        // Relayed nearly verbatim, so invalid UTF-8 in a member the parser skips would reach
-        // the client: every chunk is checked whole (one pass, word at a time).
-        if std::str::from_utf8(data).is_err() {
-            return Err(malformed_stream("a chunk that is not UTF-8"));
-        }
-        let spans: Spans = serde_json::from_slice(data)
-            .map_err(|e| malformed_stream(&format!("invalid chunk JSON: {e}")))?;
+        let spans = parse_relayed(data, "a chunk")?;
         if let Some(err) = spans.error {
             return Err(upstream_error_object(err.get().as_bytes(), &self.ctx));
         }

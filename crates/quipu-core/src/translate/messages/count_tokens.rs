@@ -16,6 +16,7 @@ use super::request::{parse_request, resolve_model, write_prefill, write_thinking
 use super::response::{malformed_response, push_u64};
 use crate::config::{Config, ModelId};
 use crate::error::{write_json_str, ApiError};
+use crate::translate::json_failure;
 use serde::Deserialize;
 
 /// Validates a count-tokens request; returns the model and the upstream `/tokenize` body.
@@ -59,7 +60,7 @@ pub fn tokenize_to_count_tokens(upstream_body: &[u8]) -> Result<Vec<u8>, ApiErro
         count: u64,
     }
     let t: Tokenized = serde_json::from_slice(upstream_body)
-        .map_err(|e| malformed_response(&format!("not a tokenize answer: {e}")))?;
+        .map_err(|e| malformed_response(&json_failure("the tokenize answer", &e)))?;
     let mut out = Vec::with_capacity(32);
     out.extend_from_slice(b"{\"input_tokens\":");
     push_u64(&mut out, t.count);

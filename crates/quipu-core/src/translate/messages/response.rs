@@ -19,7 +19,7 @@ use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
 use crate::translate::json_scan::{ObjectScanner, Scan};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
-use crate::translate::{scrub_error, ResponseContext};
+use crate::translate::{json_failure, scrub_error, ResponseContext};
 use crate::usage::Usage;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -87,8 +87,16 @@ pub fn stop_reason(
         Some(other) => {
             return Err(ApiError::new(
                 ErrorKind::Upstream,
-                format!("the model server stopped for an unknown reason ({other})"),
-            ))
+                // Quoted only when it looks like a reason, never arbitrary upstream text.
+                match other.len() <= 32
+                    && other
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                {
+                    true => format!("the model server stopped for an unknown reason ({other})"),
+                    false => "the model server stopped for an unrecognised reason".to_owned(),
+                },
+            ));
         }
         None => {
             return Err(ApiError::new(
@@ -226,7 +234,7 @@ fn completion_to_message(
     ctx: &ResponseContext,
 ) -> Result<(Vec<u8>, Usage), ApiError> {
     let c: ChatCompletion<'_> = serde_json::from_slice(upstream_body)
-        .map_err(|e| malformed_response(&format!("invalid completion JSON: {e}")))?;
+        .map_err(|e| malformed_response(&json_failure("the completion", &e)))?;
     if c.error.is_some() || c.object.as_deref() == Some("error") {
         return Err(upstream_error(upstream_body, ctx));
     }

@@ -56,7 +56,7 @@ use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
 use crate::translate::json_scan::{ObjectScanner, Scan};
 use crate::translate::{
-    malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
+    json_failure, malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
 };
 use crate::usage::Usage;
 
@@ -444,7 +444,7 @@ impl MessagesStream {
 
     fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
         let chunk: ChatChunk<'_> = serde_json::from_slice(data)
-            .map_err(|e| malformed_stream(&format!("invalid chunk JSON: {e}")))?;
+            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
         if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
             return Err(upstream_error(data, &self.ctx));
         }
