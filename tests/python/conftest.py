@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from harness import Gateway, Sim, require_binaries, scratch_dir  # noqa: E402
+from harness import Gateway, Sim, require_binaries, scratch_dir, stop_leftovers  # noqa: E402
 
 _names = itertools.count(1)
 
@@ -25,6 +25,8 @@ def workdir():
     require_binaries()
     d = scratch_dir()
     yield d
+    # Session fixtures have stopped theirs by now; what is left, a failed test started.
+    stop_leftovers()
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -74,6 +74,10 @@ def http_json(method: str, url: str, body=None, headers=None, timeout: float = 3
 class Process:
     """A child process whose output goes to a log file kept for failure reports."""
 
+    # Every process started, so that one a failed test never stopped is stopped at the end of
+    # the session (see `stop_leftovers`) instead of outliving the run.
+    started: list["Process"] = []
+
     def __init__(self, argv: list[str], log_path: pathlib.Path, env=None):
         self.argv = argv
         self.log_path = log_path
@@ -85,6 +89,7 @@ class Process:
         self.proc = subprocess.Popen(
             self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=self.log_path.parent
         )
+        Process.started.append(self)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -111,6 +116,16 @@ class Process:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+def stop_leftovers() -> int:
+    """Kills every process still running that a test started; returns how many there were."""
+    left = [p for p in Process.started if p.alive()]
+    for p in left:
+        p.proc.kill()
+        p.proc.wait()
+    Process.started.clear()
+    return len(left)
 
 
 class Sim:

@@ -495,16 +495,16 @@ def test_the_admin_api_runs_the_whole_operator_flow(billing):
         return http_json(method, gw.admin + path, body, auth)[:2]
 
     status, tenant = admin("POST", "/admin/tenants", {"name": "ops-flow"})
-    assert status in (200, 201), tenant
+    assert status == 201, tenant
     status, body = admin("POST", "/admin/tenants", {"name": "ops-flow"})
-    assert status in (400, 409) and "ops-flow" in body["error"]["message"], body
+    assert status == 409 and "ops-flow" in body["error"]["message"], body
     status, key = admin("POST", "/admin/keys", {"tenant": "ops-flow", "label": "script", "rpm": 100})
-    assert status in (200, 201) and key["secret"].startswith("sk-") and key["key_id"], key
+    assert status == 201 and key["secret"].startswith("sk-") and key["key_id"], key
     status, body = admin("POST", "/admin/keys", {"tenant": "nobody-by-this-name"})
     assert status == 404, body
     status, body = admin("POST", "/admin/topups", {"tenant": "ops-flow", "amount": "20.00", "idempotency_key": "t-1"})
-    assert status in (200, 201), body
-    assert admin("POST", "/admin/topups", {"tenant": "ops-flow", "amount": "20.00", "idempotency_key": "t-1"})[0] in (200, 201)
+    assert status == 201, body
+    assert admin("POST", "/admin/topups", {"tenant": "ops-flow", "amount": "20.00", "idempotency_key": "t-1"})[0] == 201
     status, body = admin("POST", "/admin/topups", {"tenant": "ops-flow", "amount": "1e3"})
     assert status == 400, body
 
@@ -519,7 +519,7 @@ def test_the_admin_api_runs_the_whole_operator_flow(billing):
     charge = ((u["prompt_tokens"] - cached) * i + cached * c + u["completion_tokens"] * o) / Decimal(1_000_000)
 
     status, keys = admin("GET", "/admin/keys?tenant=ops-flow")
-    listed = keys["keys"] if isinstance(keys, dict) else keys
+    listed = keys["keys"]
     assert status == 200 and [k["key_id"] for k in listed] == [key["key_id"]], keys
     assert key["secret"] not in json.dumps(keys), "a listing never shows a secret"
 
@@ -534,11 +534,11 @@ def test_the_admin_api_runs_the_whole_operator_flow(billing):
     assert Decimal(st["totals"]["top_ups"]) == Decimal("20.00"), "the repeated idempotency key added nothing"
     assert Decimal(st["balance"]) == Decimal("20.00") - charge
     status, tenants = admin("GET", "/admin/tenants")
-    listed = tenants["tenants"] if isinstance(tenants, dict) else tenants
+    listed = tenants["tenants"]
     (row,) = [t for t in listed if t["name"] == "ops-flow"]
     assert Decimal(row["balance"]) == Decimal("20.00") - charge, row
 
-    assert admin("POST", f"/admin/keys/{key['key_id']}/revoke")[0] in (200, 204)
+    assert admin("POST", f"/admin/keys/{key['key_id']}/revoke")[0] == 200
     wait_until(lambda: http_json("POST", gw.base + "/v1/chat/completions",
                                  {"model": "colibri", "messages": [{"role": "user", "content": "x"}]},
                                  {"Authorization": f"Bearer {key['secret']}"})[0] == 401, 2, "the revocation")
