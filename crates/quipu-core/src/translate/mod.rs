@@ -178,7 +178,11 @@ pub fn json_failure(what: &str, e: &serde_json::Error) -> String {
         serde_json::error::Category::Eof => "cut short",
         serde_json::error::Category::Io => "unreadable",
     };
-    format!("{what} is {why} at line {}, column {}", e.line(), e.column())
+    format!(
+        "{what} is {why} at line {}, column {}",
+        e.line(),
+        e.column()
+    )
 }
 
 /// The error a client sees when the upstream's stream cannot be read.
