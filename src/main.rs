@@ -202,6 +202,13 @@ where
 fn main() -> ExitCode {
     let cli = Cli::parse();
     quipu::logger::init();
+    let code = run(cli);
+    // Lines still queued for the log writer (see `quipu::logger`).
+    log::logger().flush();
+    code
+}
+
+fn run(cli: Cli) -> ExitCode {
     let config = match load_config(cli.config.as_ref()) {
         Ok(c) => c,
         Err(e) => {

@@ -116,6 +116,11 @@ impl ServeHttp for MetricsApp {
 
 /// Runs the gateway until it is told to stop. Returns an error only for startup failures.
 pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
+    // Not when daemonizing: pingora forks in `run`, and the writer thread would stay behind.
+    if !flags.daemon {
+        crate::logger::write_in_batches()
+            .map_err(|e| format!("cannot start the log writer: {e}"))?;
+    }
     let config = Arc::new(config.resolve_upstreams().map_err(|e| e.to_string())?);
     let replica = replica_id(&config);
     let billing_rt = tokio::runtime::Builder::new_multi_thread()
@@ -307,6 +312,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
                     // Every finished request queued its row in `logging`, before its connection
                     // closed: the writer's last pass writes them all.
                     drain_finish.finish();
+                    log::logger().flush();
                     std::process::exit(0);
                 }
                 Ok(_) => {}
