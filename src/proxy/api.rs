@@ -304,7 +304,8 @@ async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingo
     };
 
     if ctx.route == Route::CountTokens {
-        return count_tokens(gw, session, ctx, &body).await;
+        // Boxed: its tokenizer exchange would otherwise size every chat request's future.
+        return Box::pin(count_tokens(gw, session, ctx, &body)).await;
     }
 
     let translated = match ctx.format {

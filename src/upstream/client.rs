@@ -7,6 +7,11 @@
 //! before the first streamed byte, `ping` frames while a long prefill keeps the upstream silent,
 //! and separate time-to-first-byte and idle timeouts. Connections still come from, and return
 //! to, pingora's connection pool.
+//!
+//! Memory per open stream matters here (10,000 of them must fit): the response keeps its
+//! connection boxed, and [`send`] and [`UpstreamResponse::finish`] return boxed futures. Their
+//! state (pingora's connector, 4–5 KiB each) would otherwise be laid out inside every caller's
+//! future, and so inside each request's, for the whole life of a stream.
 
 use crate::config::{Replica, Timeouts};
 use bytes::Bytes;
@@ -15,8 +20,13 @@ use pingora::connectors::http::v1::Connector;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::protocols::http::v1::client::HttpSession;
 use pingora::upstreams::peer::HttpPeer;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// A heap-allocated future (see the module docs for why some are).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// How long an idle upstream connection stays in the pool.
 const POOL_IDLE: Duration = Duration::from_secs(60);
@@ -55,10 +65,15 @@ impl std::fmt::Display for SendError {
 
 /// An upstream response whose header has arrived; the body is read through [`Self::read`].
 pub struct UpstreamResponse {
-    session: HttpSession,
-    peer: HttpPeer,
+    conn: Box<Connection>,
     pub status: u16,
     pub retry_after: Option<u64>,
+}
+
+/// The connection of a response, and the peer it goes back to the pool under.
+struct Connection {
+    session: HttpSession,
+    peer: HttpPeer,
 }
 
 fn peer_for(replica: &Replica, timeouts: &Timeouts) -> HttpPeer {
@@ -92,7 +107,17 @@ pub struct Call<'a> {
 ///
 /// A pooled connection that turns out to be dead is retried once on a fresh connection before
 /// the error is reported.
-pub async fn send(connector: &Connector, call: &Call<'_>) -> Result<UpstreamResponse, SendError> {
+pub fn send<'a>(
+    connector: &'a Connector,
+    call: &'a Call<'_>,
+) -> BoxFuture<'a, Result<UpstreamResponse, SendError>> {
+    Box::pin(send_unboxed(connector, call))
+}
+
+async fn send_unboxed(
+    connector: &Connector,
+    call: &Call<'_>,
+) -> Result<UpstreamResponse, SendError> {
     let Call {
         replica,
         timeouts,
@@ -145,8 +170,7 @@ pub async fn send(connector: &Connector, call: &Call<'_>) -> Result<UpstreamResp
                     None => return Err(SendError::Broken("no response header".into())),
                 };
                 return Ok(UpstreamResponse {
-                    session,
-                    peer,
+                    conn: Box::new(Connection { session, peer }),
                     status,
                     retry_after,
                 });
@@ -198,7 +222,7 @@ pub enum Read<'a> {
 impl UpstreamResponse {
     /// The next piece of the body. Not a timeout: callers race it against their own clocks.
     pub async fn read(&mut self) -> Result<Read<'_>, String> {
-        match self.session.read_body_ref().await {
+        match self.conn.session.read_body_ref().await {
             Ok(Some(b)) => Ok(Read::Data(b)),
             Ok(None) => Ok(Read::End),
             Err(e) => Err(e.to_string()),
@@ -216,7 +240,7 @@ impl UpstreamResponse {
         let mut buf = Vec::new();
         let read = async {
             loop {
-                match self.session.read_body_ref().await {
+                match self.conn.session.read_body_ref().await {
                     Ok(Some(b)) => {
                         if buf.len() + b.len() > limit {
                             return Err(format!("response body over {limit} bytes"));
@@ -237,14 +261,17 @@ impl UpstreamResponse {
 
     /// Returns the connection to the pool if the body was read to its end; otherwise closes it
     /// (which makes vLLM abort a generation still running).
-    pub async fn finish(mut self, connector: &Connector) {
-        if self.session.is_body_done() {
-            self.session.respect_keepalive();
-            connector
-                .release_http_session(self.session, &self.peer, Some(POOL_IDLE))
-                .await;
-        } else {
-            self.session.shutdown().await;
-        }
+    pub fn finish(self, connector: &Connector) -> BoxFuture<'_, ()> {
+        let Connection { mut session, peer } = *self.conn;
+        Box::pin(async move {
+            if session.is_body_done() {
+                session.respect_keepalive();
+                connector
+                    .release_http_session(session, &peer, Some(POOL_IDLE))
+                    .await;
+            } else {
+                session.shutdown().await;
+            }
+        })
     }
 }
