@@ -23,7 +23,7 @@ use std::time::Duration;
 const MAX_KEPT_LINE: usize = 16 * 1024;
 
 /// How long the writer lets lines gather after the first one of a batch.
-pub const GATHER: Duration = Duration::from_millis(5);
+pub const GATHER: Duration = Duration::from_millis(20);
 
 /// Lines that may wait for the writer before a logging thread blocks.
 pub const QUEUED_LINES: usize = 16 * 1024;
