@@ -79,9 +79,6 @@ struct ServeArgs {
     /// SIGQUIT).
     #[arg(long, short = 'u')]
     upgrade: bool,
-    /// Run in the background.
-    #[arg(long, short = 'd')]
-    daemon: bool,
 }
 
 #[derive(Subcommand)]
@@ -229,7 +226,6 @@ fn run(cli: Cli) -> ExitCode {
             }
             let flags = quipu::server::ServeFlags {
                 upgrade: args.upgrade,
-                daemon: args.daemon,
             };
             match quipu::server::serve(config, flags) {
                 Ok(()) => ExitCode::SUCCESS,

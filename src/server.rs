@@ -14,6 +14,11 @@
 //! for `store.shutdown_flush_timeout_s`, then writes the rest to a spill file for `quipu ledger
 //! import`), returns its balance leases (best effort) and exits — without sleeping out the rest
 //! of the grace period. At start, spill files not yet imported are named in a warning.
+//!
+//! Quipu runs in the foreground only (systemd, a container). There is no `--daemon`: pingora
+//! forks inside `run`, after the billing runtime, the drain watcher and the log writer have
+//! started, and a fork keeps only the calling thread. A daemon therefore served requests that
+//! no ledger writer recorded.
 
 use crate::auth::KeySnapshot;
 use crate::billing::{ledger, Accounts};
@@ -44,7 +49,6 @@ use std::time::{Duration, Instant};
 pub struct ServeFlags {
     /// Take the listening sockets over from a running Quipu (graceful upgrade).
     pub upgrade: bool,
-    pub daemon: bool,
 }
 
 /// The drain ends once no client connection has been open for this long.
@@ -116,11 +120,7 @@ impl ServeHttp for MetricsApp {
 
 /// Runs the gateway until it is told to stop. Returns an error only for startup failures.
 pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
-    // Not when daemonizing: pingora forks in `run`, and the writer thread would stay behind.
-    if !flags.daemon {
-        crate::logger::write_in_batches()
-            .map_err(|e| format!("cannot start the log writer: {e}"))?;
-    }
+    crate::logger::write_in_batches().map_err(|e| format!("cannot start the log writer: {e}"))?;
     let config = Arc::new(config.resolve_upstreams().map_err(|e| e.to_string())?);
     let replica = replica_id(&config);
     let billing_rt = tokio::runtime::Builder::new_multi_thread()
@@ -184,14 +184,12 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         graceful_shutdown_timeout_seconds: Some(config.server.graceful_shutdown_timeout_seconds),
         pid_file: config.server.pid_file.clone(),
         upgrade_sock: config.server.upgrade_sock.clone(),
-        daemon: flags.daemon,
         upstream_keepalive_pool_size: 1024,
         ..ServerConf::default()
     };
     conf.work_stealing = true;
     let opt = Opt {
         upgrade: flags.upgrade,
-        daemon: flags.daemon,
         ..Opt::default()
     };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
