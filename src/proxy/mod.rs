@@ -261,25 +261,20 @@ fn settle_money(
     Some((p, model_id, usage, charge))
 }
 
-/// A duration in milliseconds with three decimals (`12.345`), or `-`: integer arithmetic, since
-/// float formatting is most of the cost of an access-log line.
-struct Millis(Option<Duration>);
-
-impl std::fmt::Display for Millis {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(d) => {
-                let us = d.as_micros();
-                write!(f, "{}.{:03}", us / 1000, us % 1000)
-            }
-            None => f.write_str("-"),
-        }
-    }
-}
-
 /// A time-ordered, unique request id: `req_` + 12 hex digits of milliseconds + 16 random.
 pub fn new_request_id() -> String {
-    format!("req_{:012x}{:016x}", now_ms(), rand::random::<u64>())
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = *b"req_0000000000000000000000000000";
+    let ms = u64::try_from(now_ms()).unwrap_or(0);
+    for (i, digit) in id[4..16].iter_mut().enumerate() {
+        *digit = HEX[(ms >> (4 * (11 - i)) & 0xf) as usize];
+    }
+    let random = rand::random::<u64>();
+    for (i, digit) in id[16..].iter_mut().enumerate() {
+        *digit = HEX[(random >> (4 * (15 - i)) & 0xf) as usize];
+    }
+    // Built from ASCII hex digits only.
+    String::from_utf8(id.to_vec()).unwrap_or_default()
 }
 
 impl Default for RequestCtx {
@@ -445,29 +440,37 @@ impl Gateway {
             && log::log_enabled!(target: "quipu::access", log::Level::Info)
         {
             let u = ctx.usage.unwrap_or_default();
-            log::info!(
-                target: "quipu::access",
-                "request_id={} route={} format={} tenant={} key={} model={} status={} outcome={} error={} in={} cached={} out={} charge_pen={} latency_ms={} ttft_ms={} replica={} attempts={}",
-                ctx.request_id,
-                ctx.route.as_str(),
-                ctx.format.as_str(),
-                ctx.principal.as_ref().map_or("-", |p| p.tenant_name.as_str()),
-                ctx.principal.as_ref().map_or("-", |p| p.key_id.as_str()),
-                model,
-                ctx.status,
-                ctx.outcome,
-                error,
-                u.prompt_tokens,
-                u.cached(),
-                u.completion_tokens,
-                ctx.charged.decimal(),
-                Millis(Some(elapsed)),
-                Millis(ctx.ttft),
-                ctx.model
-                    .zip(ctx.replica)
-                    .map_or("-", |(m, r)| self.config.models[m].replicas[r].url.as_str()),
-                ctx.attempts,
-            );
+            let replica = ctx
+                .model
+                .zip(ctx.replica)
+                .map_or("-", |(m, r)| self.config.models[m].replicas[r].url.as_str());
+            crate::logger::info_fields("quipu::access", |line| {
+                line.str("request_id", &ctx.request_id)
+                    .str("route", ctx.route.as_str())
+                    .str("format", ctx.format.as_str())
+                    .str(
+                        "tenant",
+                        ctx.principal
+                            .as_ref()
+                            .map_or("-", |p| p.tenant_name.as_str()),
+                    )
+                    .str(
+                        "key",
+                        ctx.principal.as_ref().map_or("-", |p| p.key_id.as_str()),
+                    )
+                    .str("model", model)
+                    .num("status", ctx.status.into())
+                    .str("outcome", ctx.outcome)
+                    .str("error", error)
+                    .num("in", u.prompt_tokens)
+                    .num("cached", u.cached())
+                    .num("out", u.completion_tokens)
+                    .display("charge_pen", ctx.charged.decimal())
+                    .millis("latency_ms", Some(elapsed))
+                    .millis("ttft_ms", ctx.ttft)
+                    .str("replica", replica)
+                    .num("attempts", ctx.attempts.into());
+            });
         }
     }
 }
@@ -479,6 +482,21 @@ mod tests {
     use crate::config::EMBEDDED_DEFAULT;
     use crate::store::{sqlite::SqliteStore, ActiveKey, KeyLimits, Store};
     use std::panic::AssertUnwindSafe;
+
+    #[test]
+    fn request_ids_are_req_then_the_millisecond_and_random_bits_in_hex() {
+        let before = now_ms();
+        let id = new_request_id();
+        let after = now_ms();
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(id.starts_with("req_"), "{id}");
+        assert!(id[4..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        let ms = i64::from_str_radix(&id[4..16], 16).unwrap();
+        assert!((before..=after).contains(&ms), "{id}");
+        assert_ne!(new_request_id()[16..], id[16..], "the random part changes");
+    }
 
     #[tokio::test]
     async fn a_request_that_never_reaches_logging_is_billed_once_from_drop() {
