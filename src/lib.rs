@@ -22,4 +22,5 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod server;
 pub mod store;
+pub mod threads;
 pub mod upstream;

@@ -52,7 +52,10 @@ pub fn write_in_batches() -> std::io::Result<()> {
     let (tx, rx) = mpsc::sync_channel(QUEUED_LINES);
     std::thread::Builder::new()
         .name("quipu-log".into())
-        .spawn(move || write_batches(rx, &mut std::io::stderr()))?;
+        .spawn(move || {
+            crate::threads::run_behind_requests();
+            write_batches(rx, &mut std::io::stderr())
+        })?;
     // A racing second call's sender is dropped, and its thread ends at once.
     let _ = BATCHED.set(tx);
     Ok(())

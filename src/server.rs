@@ -126,6 +126,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     let billing_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("quipu-billing")
+        .on_thread_start(crate::threads::run_behind_requests)
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the billing runtime: {e}"))?;

@@ -1,0 +1,43 @@
+//! Thread priorities: the request path first, bookkeeping after it.
+//!
+//! The ledger writer, the key refresh and the log writer run on threads of their own, off the
+//! request path. When they share a busy core with the proxy's workers, a ledger commit
+//! (a few hundred rows, about a millisecond of CPU) used to delay the requests that arrived
+//! during it: that was most of Quipu's p99 at concurrency 1 with everything on one core. At
+//! nice +10 the scheduler gives such a thread about a tenth of a contended core and lets a
+//! worker that wakes up preempt it. A tenth is still several times what the ledger needs at full
+//! load, and `store.max_unstored_rows` bounds the backlog if it ever falls behind.
+
+/// The nice value of bookkeeping threads (0 is the default, 19 the lowest priority).
+pub const BOOKKEEPING_NICE: i32 = 10;
+
+/// Lowers the calling thread's priority to [`BOOKKEEPING_NICE`]. On Linux a nice value belongs
+/// to a thread, not to the whole process. Failure (a sandbox that forbids it) only costs
+/// latency, so it is logged at debug level and otherwise ignored.
+pub fn run_behind_requests() {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), BOOKKEEPING_NICE) {
+        log::debug!("could not lower a bookkeeping thread's priority: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lowers_only_the_calling_thread() {
+        let own = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+        let lowered = std::thread::spawn(|| {
+            run_behind_requests();
+            rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+        })
+        .join()
+        .unwrap();
+        if own < BOOKKEEPING_NICE {
+            assert_eq!(lowered, BOOKKEEPING_NICE);
+        }
+        let still = rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap();
+        assert_eq!(still, own, "the calling thread keeps its priority");
+    }
+}
