@@ -59,7 +59,8 @@ const MAX_ERROR_BODY: usize = 1024 * 1024;
 
 /// What became of sending the request.
 enum Sent<'a> {
-    Response(Box<UpstreamResponse>, ReplicaGuard<'a>),
+    /// The response is small (its connection is boxed inside it).
+    Response(UpstreamResponse, ReplicaGuard<'a>),
     /// An error was (or could not be) written to the client; nothing more to do.
     Done,
 }
@@ -158,7 +159,7 @@ async fn send<'g>(
                     return Ok(Sent::Done);
                 }
             }
-            Ok(resp) => return Ok(Sent::Response(Box::new(resp), guard)),
+            Ok(resp) => return Ok(Sent::Response(resp, guard)),
             Err(SendError::Timeout) => {
                 // Not a replica failure: a slow first byte is usually a long queue, and
                 // ejecting would push the load onto the others. Health checks catch hung ones.
@@ -245,16 +246,7 @@ pub async fn completion(
             )),
             ClientFormat::Messages => Box::new(MessagesStream::new(rctx)),
         };
-        stream(
-            gw,
-            session,
-            ctx,
-            *resp,
-            translator,
-            model_id,
-            phase_deadline,
-        )
-        .await
+        stream(gw, session, ctx, resp, translator, model_id, phase_deadline).await
     } else {
         let started = Instant::now();
         let read = tokio::select! {
