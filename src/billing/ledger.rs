@@ -20,7 +20,7 @@
 //! that imports it (`quipu ledger import FILE`), counts the rows
 //! (`quipu_ledger_rows_total{result="spilled"}`) and lets the shutdown go on: a store that is
 //! down never holds a SIGTERM up until the supervisor's SIGKILL, which would lose the queue. A
-//! crash loses at most the rows of the last `flush_interval` (50 ms by default) plus, while the
+//! crash loses at most the rows of the last `flush_interval` (10 ms by default) plus, while the
 //! store is unreachable, the rows queued meanwhile — at most `store.max_unstored_rows`: at that
 //! many rows owed to the store the queue reports a backlog ([`LedgerHandle::backlogged`]) and
 //! the gateway admits no new billable request until the store has caught up, so an outage

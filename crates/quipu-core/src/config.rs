@@ -135,7 +135,7 @@ impl Default for RawStore {
     fn default() -> Self {
         RawStore {
             url: "sqlite://data/quipu.db".into(),
-            ledger_flush_ms: 50,
+            ledger_flush_ms: 10,
             ledger_batch_rows: 1000,
             max_unstored_rows: 200_000,
             key_refresh_ms: 500,
