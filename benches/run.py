@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import resource
+import signal
 import shutil
 import socket
 import statistics
@@ -113,7 +114,17 @@ class Server:
         self.proc = subprocess.Popen(["taskset", "-c", cpu, *argv], stdout=self.log, stderr=subprocess.STDOUT,
                                      env=env, cwd=cwd, start_new_session=True)
 
+    # Seconds a profiler wrapping the server (QUIPU_BENCH_WRAP) gets to write its output after
+    # SIGINT; 0 kills at once.
+    grace = 0
+
     def stop(self) -> None:
+        if self.grace:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(timeout=self.grace)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
         try:
             os.killpg(self.proc.pid, 9)
         except ProcessLookupError:
@@ -272,6 +283,8 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
         # QUIPU_BENCH_WRAP="heaptrack -o /tmp/q" runs quipu under a profiler.
         wrap = os.environ.get("QUIPU_BENCH_WRAP", "").split()
         self.server = Server(name, [*wrap, q, "--config", str(cfg), "serve"], "0", env=env)
+        if wrap:
+            self.server.grace = 60
         self.pid = self.server.proc.pid
         self.base = f"http://127.0.0.1:{port}"
         wait_http(self.base + "/health")
