@@ -12,6 +12,7 @@
 //! `info`; `QUIPU_LOG=info,quipu::access=off` turns it off. No secret is ever logged: keys
 //! appear only by their public id.
 
+use crate::ascii::push_u64;
 use log::{LevelFilter, Log, Metadata, Record};
 use std::cell::RefCell;
 use std::io::Write;
@@ -227,20 +228,6 @@ impl Fields<'_> {
         let _ = write!(self.0, "{value}");
         self
     }
-}
-
-fn push_u64(out: &mut Vec<u8>, mut v: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 struct Logger {

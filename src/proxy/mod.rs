@@ -19,6 +19,7 @@ pub mod relay;
 pub mod respond;
 pub mod route;
 
+use crate::ascii::fill_hex;
 use crate::auth::{KeySnapshot, Principal};
 use crate::billing::{Accounts, LedgerHandle, Reservation};
 use crate::catalog::Catalog;
@@ -263,16 +264,9 @@ fn settle_money(
 
 /// A time-ordered, unique request id: `req_` + 12 hex digits of milliseconds + 16 random.
 pub fn new_request_id() -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = *b"req_0000000000000000000000000000";
-    let ms = u64::try_from(now_ms()).unwrap_or(0);
-    for (i, digit) in id[4..16].iter_mut().enumerate() {
-        *digit = HEX[(ms >> (4 * (11 - i)) & 0xf) as usize];
-    }
-    let random = rand::random::<u64>();
-    for (i, digit) in id[16..].iter_mut().enumerate() {
-        *digit = HEX[(random >> (4 * (15 - i)) & 0xf) as usize];
-    }
+    fill_hex(&mut id[4..16], u64::try_from(now_ms()).unwrap_or(0));
+    fill_hex(&mut id[16..], rand::random::<u64>());
     // Built from ASCII hex digits only.
     String::from_utf8(id.to_vec()).unwrap_or_default()
 }

@@ -15,6 +15,7 @@
 // `deny` so that the allocation-counting bench can opt out; the library itself must not.
 #![forbid(unsafe_code)]
 
+pub mod ascii;
 pub mod config;
 pub mod error;
 pub mod money;

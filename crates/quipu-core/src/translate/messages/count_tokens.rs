@@ -13,7 +13,8 @@
 
 use super::prompt::{write_prompt, PromptIn};
 use super::request::{parse_request, resolve_model, write_prefill, write_thinking};
-use super::response::{malformed_response, push_u64};
+use super::response::malformed_response;
+use crate::ascii::push_u64;
 use crate::config::{Config, ModelId};
 use crate::error::{write_json_str, ApiError};
 use crate::translate::json_failure;

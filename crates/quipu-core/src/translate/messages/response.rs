@@ -15,6 +15,7 @@
 //! malformed-arguments error. No call is silently given `{}` for arguments it did have.
 
 use super::rawjson::is_object;
+use crate::ascii::push_u64;
 use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
 use crate::translate::json_scan::{ObjectScanner, Scan};
@@ -165,21 +166,6 @@ pub fn write_usage(out: &mut Vec<u8>, u: &Usage) {
     out.extend_from_slice(b",\"output_tokens\":");
     push_u64(out, u.completion_tokens);
     out.push(b'}');
-}
-
-/// Appends a decimal integer without allocating.
-pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
 }
 
 /// The client's name for an upstream tool name (shortened names are restored).

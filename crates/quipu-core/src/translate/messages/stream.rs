@@ -50,8 +50,9 @@
 
 use super::response::{
     client_tool_name, incomplete_tool_arguments, json_inner, malformed_tool_arguments,
-    minted_tool_id, push_u64, stop_reason, upstream_error, write_usage, StopReason,
+    minted_tool_id, stop_reason, upstream_error, write_usage, StopReason,
 };
+use crate::ascii::push_u64;
 use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
 use crate::translate::json_scan::{ObjectScanner, Scan};
