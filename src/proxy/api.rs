@@ -304,8 +304,7 @@ async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingo
     };
 
     if ctx.route == Route::CountTokens {
-        // Boxed: its tokenizer exchange would otherwise size every chat request's future.
-        return Box::pin(count_tokens(gw, session, ctx, &body)).await;
+        return count_tokens(gw, session, ctx, &body).await;
     }
 
     let translated = match ctx.format {
