@@ -140,9 +140,21 @@ impl Line {
             b'Z',
         ]);
     }
-}
 
-impl Line {
+    /// Starts a line: `2026-11-23T18:47:28.478Z INFO  target` (the level padded to 5).
+    fn start(&mut self, level: log::Level, target: &str) {
+        self.buf.clear();
+        self.push_timestamp();
+        self.buf.push(b' ');
+        let level = level.as_str();
+        self.buf.extend_from_slice(level.as_bytes());
+        self.buf.extend(std::iter::repeat_n(
+            b' ',
+            5usize.saturating_sub(level.len()) + 1,
+        ));
+        self.buf.extend_from_slice(target.as_bytes());
+    }
+
     /// Sends the finished line to stderr (through the writer thread, once it runs).
     fn emit(&mut self) {
         match BATCHED.get() {
@@ -170,10 +182,7 @@ pub fn info_fields(target: &str, fill: impl FnOnce(&mut Fields<'_>)) {
             return;
         };
         let line = &mut *line;
-        line.buf.clear();
-        line.push_timestamp();
-        line.buf.extend_from_slice(b" INFO  ");
-        line.buf.extend_from_slice(target.as_bytes());
+        line.start(log::Level::Info, target);
         fill(&mut Fields(&mut line.buf));
         line.buf.push(b'\n');
         line.emit();
@@ -261,15 +270,8 @@ impl Log for Logger {
                 return; // a Display impl that logs while being formatted: drop the inner record
             };
             let line = &mut *line;
-            line.buf.clear();
-            line.push_timestamp();
-            let _ = writeln!(
-                line.buf,
-                " {:<5} {} {}",
-                record.level(),
-                record.target(),
-                record.args()
-            );
+            line.start(record.level(), record.target());
+            let _ = writeln!(line.buf, " {}", record.args());
             line.emit();
         });
     }
@@ -343,6 +345,25 @@ mod tests {
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_starts_with_the_timestamp_the_padded_level_and_the_target() {
+        let mut line = Line {
+            buf: Vec::new(),
+            second: u64::MAX,
+            prefix: [0; 20],
+        };
+        for level in [log::Level::Info, log::Level::Error, log::Level::Warn] {
+            line.start(level, "quipu::access");
+            let text = String::from_utf8(line.buf.clone()).unwrap();
+            let stamp = "2026-11-23T18:47:28.478Z".len();
+            assert_eq!(
+                text[stamp..],
+                format!(" {level:<5} quipu::access"),
+                "{text}"
+            );
         }
     }
 
