@@ -227,7 +227,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
     };
     let frontend = Frontend::new(
-        pingora::proxy::http_proxy(&server.configuration, gateway),
+        gateway,
         life.clone(),
         ConnLimits {
             max_connections: config.server.max_connections,
@@ -308,7 +308,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
                             life.connections()
                         );
                     }
-                    // Every finished request queued its row in `logging`, before its connection
+                    // Every finished request queued its row in `finish`, before its connection
                     // closed: the writer's last pass writes them all.
                     drain_finish.finish();
                     log::logger().flush();

@@ -1,8 +1,8 @@
 //! The ledger writer: request rows, batched off the request path, written idempotently.
 //!
-//! The `logging` phase hands each finished request's row to [`LedgerHandle::record`], which
-//! never blocks and wakes no other thread (an unbounded queue: rows are money and are never
-//! dropped; the queue depth is a metric). Every `flush_interval` the writer takes what queued
+//! The request path's last step (`Gateway::finish`) hands each request's row to
+//! [`LedgerHandle::record`], which never blocks and wakes no other thread (an unbounded queue:
+//! rows are money and are never dropped; the queue depth is a metric). Every `flush_interval` the writer takes what queued
 //! and writes it in store transactions of up to `batch_rows` rows, keyed by request id, so a
 //! retried batch never charges twice. A failed write is retried with backoff, rows kept.
 //!

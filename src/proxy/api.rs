@@ -2,7 +2,7 @@
 //! auth → body → translate → rate limits → admission → upstream (see [`super::relay`]).
 //!
 //! Every early exit writes a well-formed error in the endpoint's shape and leaves `ctx` saying
-//! what happened, for `logging`.
+//! what happened, for `finish`.
 
 use super::relay;
 use super::respond;
@@ -13,7 +13,7 @@ use crate::metrics::m;
 use crate::money::Pen;
 use crate::translate::{chat, messages, UpstreamRequest};
 use bytes::Bytes;
-use pingora::proxy::Session;
+use pingora::protocols::http::ServerSession;
 use std::time::Duration;
 
 /// A refused request's body is read and discarded (so the connection can be reused) up to this
@@ -24,25 +24,23 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn handle(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<()> {
-    let downstream = session.as_downstream_mut();
-    downstream.set_read_timeout(Some(gw.config.server.client_read_timeout));
-    downstream.set_write_timeout(Some(gw.config.server.client_write_timeout));
+    session.set_read_timeout(Some(gw.config.server.client_read_timeout));
+    session.set_write_timeout(Some(gw.config.server.client_write_timeout));
     // Pingora drains an unread body before reusing a connection; bound that too.
-    downstream.set_total_drain_timeout(Some(DRAIN_TIMEOUT));
+    session.set_total_drain_timeout(Some(DRAIN_TIMEOUT));
     // HTTP/1.1 keeps idle connections forever by default; bound them (a client's
     // `Connection: close` still wins). A draining server closes each connection after its
     // request.
     if gw.life.draining() {
-        downstream.set_keepalive(None);
+        session.set_keepalive(None);
     } else {
-        downstream.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
+        session.set_keepalive(Some(gw.config.server.keepalive_timeout_s));
     }
     // The head exactly as it arrived (pingora keeps it), not a re-estimate from parsed parts.
     let head = session
-        .as_downstream()
         .as_http1()
         .map_or(0, |h1| h1.get_headers_raw_bytes().len());
     let max_head = gw.config.server.max_header_bytes;
@@ -114,7 +112,11 @@ pub async fn handle(
 }
 
 /// Fails `ctx` with `err`, written in the request's format.
-async fn fail(session: &mut Session, ctx: &mut RequestCtx, err: &ApiError) -> pingora::Result<()> {
+async fn fail(
+    session: &mut ServerSession,
+    ctx: &mut RequestCtx,
+    err: &ApiError,
+) -> pingora::Result<()> {
     if ctx.outcome == "ok" {
         ctx.outcome = "refused";
     }
@@ -125,21 +127,21 @@ async fn fail(session: &mut Session, ctx: &mut RequestCtx, err: &ApiError) -> pi
 /// bounded (see [`DRAIN_FACTOR`]), so the connection can be reused; closes it otherwise.
 async fn drain_then_error(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     err: &ApiError,
 ) -> pingora::Result<()> {
     let cap = gw.config.server.max_body_bytes.saturating_mul(DRAIN_FACTOR);
     let skip_drain = content_length(session).is_some_and(|n| n > cap) || expects_continue(session);
     if skip_drain || !drain_body(session, cap).await {
-        session.as_downstream_mut().set_keepalive(None);
+        session.set_keepalive(None);
     }
     fail(session, ctx, err).await
 }
 
 /// Reads and discards the rest of the request body: true if it ended within `cap` bytes and
 /// [`DRAIN_TIMEOUT`]. Counts bytes itself, since a chunked body declares no length.
-async fn drain_body(session: &mut Session, cap: usize) -> bool {
+async fn drain_body(session: &mut ServerSession, cap: usize) -> bool {
     let drain = async {
         let mut seen = 0usize;
         loop {
@@ -160,7 +162,7 @@ async fn drain_body(session: &mut Session, cap: usize) -> bool {
         .unwrap_or(false)
 }
 
-fn content_length(session: &Session) -> Option<usize> {
+fn content_length(session: &ServerSession) -> Option<usize> {
     session
         .req_header()
         .headers
@@ -169,7 +171,7 @@ fn content_length(session: &Session) -> Option<usize> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-fn expects_continue(session: &Session) -> bool {
+fn expects_continue(session: &ServerSession) -> bool {
     session
         .req_header()
         .headers
@@ -189,7 +191,7 @@ fn is_date(v: &str) -> bool {
 }
 
 /// Checks the headers of the messages format.
-fn check_version(session: &Session) -> Result<(), ApiError> {
+fn check_version(session: &ServerSession) -> Result<(), ApiError> {
     for name in ["compat-version", "anthropic-version"] {
         let mut values = session.req_header().headers.get_all(name).iter();
         if let Some(v) = values.next() {
@@ -205,7 +207,7 @@ fn check_version(session: &Session) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn is_json_content_type(session: &Session) -> bool {
+fn is_json_content_type(session: &ServerSession) -> bool {
     match session.req_header().headers.get(http::header::CONTENT_TYPE) {
         None => true, // many clients omit it; the body is still checked to be JSON
         Some(v) => v
@@ -222,7 +224,7 @@ fn is_json_content_type(session: &Session) -> bool {
 /// Reads the request body, up to the configured limit.
 async fn read_body(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
 ) -> pingora::Result<Option<Vec<u8>>> {
     let max = gw.config.server.max_body_bytes;
@@ -238,10 +240,7 @@ async fn read_body(
         return Ok(None);
     }
     if expects_continue(session) {
-        session
-            .as_downstream_mut()
-            .write_continue_response()
-            .await?;
+        session.write_continue_response().await?;
     }
     let mut body = Vec::with_capacity(declared.unwrap_or(16 * 1024).min(max));
     loop {
@@ -257,7 +256,7 @@ async fn read_body(
             Err(e) => {
                 // The client stopped sending (timeout) or went away: nothing sensible to answer
                 // on a broken connection, but try.
-                session.as_downstream_mut().set_keepalive(None);
+                session.set_keepalive(None);
                 ctx.outcome = "client_disconnected";
                 let err = ApiError::invalid_body(format!("could not read the request body: {e}"));
                 let _ = respond::error(session, ctx, ctx.format, &err).await;
@@ -267,7 +266,11 @@ async fn read_body(
     }
 }
 
-async fn api(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+async fn api(
+    gw: &Gateway,
+    session: &mut ServerSession,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<()> {
     if gw.in_flight.load(std::sync::atomic::Ordering::Relaxed) > gw.config.server.max_in_flight {
         let e = ApiError::new(
             ErrorKind::Overloaded { retry_after: 1 },
@@ -428,7 +431,7 @@ fn fmt_cost(p: Pen) -> String {
 
 async fn count_tokens(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     body: &[u8],
 ) -> pingora::Result<()> {

@@ -1,9 +1,10 @@
 //! Client connections: how many may be open, how long a request head may take, and draining.
 //!
 //! Pingora bounds a request head only per read (a client sending one byte every 50 s holds its
-//! connection forever) and counts no connections. [`Frontend`] wraps the proxy app and runs the
-//! HTTP/1.1 keep-alive loop itself — the same steps as pingora's `ServerApp` implementation for
-//! an `HttpServerApp`, plain HTTP/1.x only (Quipu serves neither TLS nor h2c) — adding:
+//! connection forever) and counts no connections. [`Frontend`] is the listener's `ServerApp`
+//! and runs the HTTP/1.1 keep-alive loop itself — the same steps as pingora's `ServerApp`
+//! implementation for an `HttpServerApp`, plain HTTP/1.x only (Quipu serves neither TLS nor
+//! h2c) — handing each request to a [`ServeRequest`] and adding:
 //!
 //! - **A connection cap** (`server.max_connections`): a connection over it is closed as soon as
 //!   it is accepted, before anything is read; idle keep-alive connections count too. Closing
@@ -25,11 +26,16 @@
 //! the socket, so the first poll of a request reads it and starts the request; only a
 //! connection still waiting after that poll arms a timer and watches for shutdown.
 //!
-//! Pingora's own shutdown hook for the app (`http_cleanup`, which drops every connection parked
-//! in a header read, including ones halfway through a head) is deliberately not forwarded: the
-//! loop here closes idle connections itself and lets started requests finish.
+//! A request is served by a statically dispatched `async fn` ([`ServeRequest::serve`]), so its
+//! state lives inside the connection's future, allocated once per connection. Pingora's
+//! `HttpServerApp::process_new_http` is an `async_trait` method: every request would box (and
+//! copy) a fresh future of several KiB.
+//!
+//! There is no shutdown hook like pingora's `http_cleanup` (which drops every connection parked
+//! in a header read, including ones halfway through a head): the loop here closes idle
+//! connections itself and lets started requests finish.
 
-use pingora::apps::{HttpPersistentSettings, HttpServerApp, ServerApp};
+use pingora::apps::{HttpPersistentSettings, ReusedHttpStream, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
 use pingora::server::ShutdownWatch;
@@ -44,15 +50,16 @@ use tokio::time::{sleep_until, Instant};
 /// may still complete one (it is then served with `Connection: close`); idle ones close then.
 pub const LATE_HEAD_GRACE: Duration = Duration::from_secs(2);
 
-tokio::task_local! {
-    /// Set once the current connection's request head has been read.
-    static HEAD_READ: Arc<AtomicBool>;
-}
-
-/// Tells the connection loop that this request's head arrived (the head deadline no longer
-/// applies). Called from the proxy's first phase; a no-op outside a [`Frontend`].
-pub fn head_read() {
-    let _ = HEAD_READ.try_with(|h| h.store(true, Ordering::Relaxed));
+/// Serves one request of a connection, from reading its head to the end of its response.
+pub trait ServeRequest: Send + Sync + 'static {
+    /// Reads a request head from `session`, sets `head_read` once it has arrived whole (the
+    /// head deadline then no longer applies), answers it, and returns the connection if it can
+    /// carry another request.
+    fn serve(
+        &self,
+        session: ServerSession,
+        head_read: &AtomicBool,
+    ) -> impl Future<Output = Option<ReusedHttpStream>> + Send;
 }
 
 /// `base + d`, or a time far beyond any deadline when that overflows (a configured timeout of
@@ -132,7 +139,7 @@ pub struct ConnLimits {
     pub keepalive_s: u64,
 }
 
-/// The proxy app behind a connection cap, a head deadline and a drain-aware keep-alive loop.
+/// The request server behind a connection cap, a head deadline and a drain-aware keep-alive loop.
 pub struct Frontend<A> {
     app: Arc<A>,
     life: Arc<Lifecycle>,
@@ -160,10 +167,7 @@ async fn shutting_down(shutdown: &mut ShutdownWatch) {
 }
 
 #[async_trait::async_trait]
-impl<A> ServerApp for Frontend<A>
-where
-    A: HttpServerApp + Send + Sync + 'static,
-{
+impl<A: ServeRequest> ServerApp for Frontend<A> {
     async fn process_new(
         self: &Arc<Self>,
         mut stream: Stream,
@@ -179,7 +183,7 @@ where
         let keepalive = Duration::from_secs(limits.keepalive_s);
         let mut settings: Option<HttpPersistentSettings> = None;
         let mut first = true;
-        let head = Arc::new(AtomicBool::new(false));
+        let head = AtomicBool::new(false);
         loop {
             // The whole head within `header_timeout`: from the connection's opening for its
             // first request; for a later one, after up to `keepalive` of idling (pingora closes
@@ -198,7 +202,7 @@ where
                 session.set_keepalive(None);
             }
             head.store(false, Ordering::Relaxed);
-            let serve = HEAD_READ.scope(head.clone(), self.app.process_new_http(session, shutdown));
+            let serve = self.app.serve(session, &head);
             tokio::pin!(serve);
             // Fast path: a keep-alive client's next head is usually in the socket already, and
             // one poll reads it and starts the request. Only a connection still waiting for
@@ -248,7 +252,7 @@ where
         }
     }
 
-    // `cleanup` (pingora's `http_cleanup`) is not forwarded: see the module docs.
+    // No `cleanup`: see the module docs.
 }
 
 #[cfg(test)]

@@ -1,16 +1,23 @@
-//! The `ProxyHttp` implementation: wires pingora's phases to Quipu's modules.
+//! The request path: what happens to one request on a client connection.
 //!
-//! Quipu uses two phases (see [`pingora::proxy::ProxyHttp`] for all of them):
+//! [`conn::Frontend`] runs each connection's keep-alive loop and hands every request to
+//! [`Gateway`]'s [`conn::ServeRequest::serve`], which has three steps:
 //!
-//! - **`request_filter`** answers every request: catalog routes from pre-rendered bytes, and the
-//!   API routes through [`api`] (auth → body → translate → admit → upstream exchange →
-//!   translate back). The upstream exchange is driven here rather than by pingora's proxy loop;
-//!   [`crate::upstream::client`] explains why. `upstream_peer` is therefore never reached.
-//! - **`logging`** runs once for every request, whatever happened — success, error, client
-//!   disconnect — and is where the reservation is settled, the ledger row queued, metrics
-//!   observed and the access-log line written.
+//! - **read the head** with pingora's HTTP/1 server session;
+//! - **[`Gateway::answer`]** answers the request: catalog routes from pre-rendered bytes, and
+//!   the API routes through [`api`] (auth → body → translate → admit → upstream exchange →
+//!   translate back), driven here on pingora-core's connector ([`crate::upstream::client`]
+//!   explains why not through pingora-proxy's proxy loop);
+//! - **[`Gateway::finish`]** runs once for every answered request, whatever happened — success,
+//!   error, client disconnect — and is where the reservation is settled, the ledger row queued,
+//!   metrics observed and the access-log line written.
 //!
-//! [`RequestCtx`] carries what one phase learns to the next; each field says who sets it.
+//! Quipu used pingora-proxy's `ProxyHttp` for this (`request_filter` and `logging`) until its
+//! per-request cost showed in the benchmark: every request boxed and copied a ~9 KiB future
+//! and a session with cache and module state that Quipu never used. Serving the request
+//! straight from the connection loop keeps its state in the connection's future instead.
+//!
+//! [`RequestCtx`] carries what one step learns to the next; each field says who sets it.
 
 pub mod api;
 pub mod conn;
@@ -25,21 +32,21 @@ use crate::billing::{Accounts, LedgerHandle, Reservation};
 use crate::catalog::Catalog;
 use crate::config::{Config, ModelId};
 use crate::error::ClientFormat;
+use crate::error::{ApiError, ErrorKind};
 use crate::metrics::m;
 use crate::money::Pen;
 use crate::ratelimit::RateLimiter;
 use crate::store::{now_ms, LedgerRow};
 use crate::upstream::ModelPool;
 use crate::usage::Usage;
-use async_trait::async_trait;
 use conn::Lifecycle;
 use meters::Meters;
+use pingora::apps::{HttpPersistentSettings, ReusedHttpStream};
 use pingora::connectors::http::v1::Connector;
-use pingora::proxy::{ProxyHttp, Session};
-use pingora::upstreams::peer::HttpPeer;
+use pingora::protocols::http::ServerSession;
 use prometheus::IntGauge;
 use route::Route;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,7 +60,7 @@ pub struct Gateway {
     pub accounts: Arc<Accounts>,
     pub ledger: LedgerHandle,
     pub limits: RateLimiter,
-    /// API requests between `request_filter` and `logging` (for `server.max_in_flight`).
+    /// API requests between `answer` and `finish` (for `server.max_in_flight`).
     pub in_flight: Arc<AtomicUsize>,
     /// Connections and requests of every route, and whether the server is draining.
     pub life: Arc<Lifecycle>,
@@ -62,7 +69,7 @@ pub struct Gateway {
 
 /// Counts an API request as in flight while it lives: in `in_flight` and in its route's
 /// `quipu_requests_in_flight` gauge. Held by the request's context, so a request whose task
-/// panics or is cancelled (and never reaches `logging`) gives its slot back all the same.
+/// panics or is cancelled (and never reaches `finish`) gives its slot back all the same.
 pub struct InFlight {
     count: Arc<AtomicUsize>,
     gauge: IntGauge,
@@ -95,20 +102,20 @@ impl std::fmt::Debug for InFlight {
 /// Per-request state.
 #[derive(Debug)]
 pub struct RequestCtx {
-    /// `new_ctx`: `req_` + time-ordered hex.
+    /// `serve`: `req_` + time-ordered hex.
     pub request_id: String,
-    /// `new_ctx`.
+    /// `serve`.
     pub started: Instant,
-    /// `request_filter`.
+    /// `answer`.
     pub route: Route,
-    /// `request_filter`: the shape errors and streams are written in.
+    /// `answer`: the shape errors and streams are written in.
     pub format: ClientFormat,
     /// `api`: the authenticated caller.
     pub principal: Option<Arc<Principal>>,
     /// `api`: the model the request resolved to.
     pub model: Option<ModelId>,
     pub stream: bool,
-    /// `api`: held from admission until `logging` settles it.
+    /// `api`: held from admission until `finish` settles it.
     pub reservation: Option<Reservation>,
     /// `relay`: tokens to bill (the upstream's report, or what was counted of a cut stream).
     pub usage: Option<Usage>,
@@ -128,12 +135,12 @@ pub struct RequestCtx {
     pub upstream_time: Duration,
     /// `api`: input tokens billed if the upstream reports none (see `api::prompt_bounds`).
     pub prompt_estimate: u64,
-    /// `logging` (settlement): what the tenant was charged.
+    /// `finish` (settlement): what the tenant was charged.
     pub charged: Pen,
-    /// `api`, with the reservation: settles the request from `Drop` if `logging` never runs
+    /// `api`, with the reservation: settles the request from `Drop` if `finish` never runs
     /// (a panicking task), so metered usage is still billed. `settle` disarms it.
     settlement_fallback: Option<SettlementFallback>,
-    /// `request_filter` (API routes): this request's in-flight slot, released when `logging`
+    /// `answer` (API routes): this request's in-flight slot, released when `finish`
     /// ends or, if it never runs, when the context is dropped.
     in_flight: Option<InFlight>,
 }
@@ -165,13 +172,13 @@ impl RequestCtx {
 impl Drop for RequestCtx {
     fn drop(&mut self) {
         // Settlement happens once: `settle` takes the reservation, so this only acts when
-        // `logging` never ran for an admitted request.
+        // `finish` never ran for an admitted request.
         if self.reservation.is_none() {
             return;
         }
         if let Some(f) = self.settlement_fallback.take() {
             log::error!(
-                "request {} ended without reaching logging (a panic?); settling it now",
+                "request {} ended without reaching its settlement (a panic?); settling it now",
                 self.request_id
             );
             if self.outcome == "ok" {
@@ -182,7 +189,7 @@ impl Drop for RequestCtx {
     }
 }
 
-/// The money part of settling a request, shared by `logging` and the `Drop` fallback: takes
+/// The money part of settling a request, shared by `finish` and the `Drop` fallback: takes
 /// the reservation, bills the usage — capped at the reservation, with an estimate of the input
 /// when the upstream reported none — and queues the ledger row. Returns what was billed (usage
 /// and charge) for the caller's metrics, or `None` if nothing was reserved.
@@ -298,25 +305,60 @@ impl Default for RequestCtx {
     }
 }
 
-#[async_trait]
-impl ProxyHttp for Gateway {
-    type CTX = RequestCtx;
-
-    fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
-    }
-
-    /// No downstream modules: Quipu does not compress responses (pingora's default adds a
-    /// disabled compression module that still runs on every request).
-    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
-
-    /// Every request is answered here; returning `Ok(true)` tells pingora it was.
-    async fn request_filter(
+impl conn::ServeRequest for Gateway {
+    /// One request, in three steps: read its head, [`Gateway::answer`] it, then
+    /// [`Gateway::finish`] it (settle, metrics, access log), whatever happened.
+    async fn serve(
         &self,
-        session: &mut Session,
+        mut session: ServerSession,
+        head_read: &AtomicBool,
+    ) -> Option<ReusedHttpStream> {
+        match session.read_request().await {
+            Ok(true) => {}
+            // The client closed the connection before sending a request.
+            Ok(false) => return None,
+            Err(e) => {
+                // As pingora's proxy does: a head that does not parse gets a bare 400 (there is
+                // no route yet, so no format to shape it in); a broken connection gets nothing.
+                if matches!(e.etype(), pingora::ErrorType::InvalidHTTPHeader) {
+                    let _ = session.respond_error(400).await;
+                }
+                session.shutdown().await;
+                return None;
+            }
+        }
+        head_read.store(true, Ordering::Relaxed);
+        if session.req_header().method == http::Method::CONNECT {
+            // A tunnel changes how the rest of the connection is framed; pingora's proxy
+            // refuses it the same way.
+            let _ = session.respond_error(405).await;
+            session.shutdown().await;
+            return None;
+        }
+        let mut ctx = RequestCtx::default();
+        let answered = self.answer(&mut session, &mut ctx).await;
+        if let Err(e) = &answered {
+            self.failed(&mut session, &mut ctx, e).await;
+        }
+        self.finish(&mut ctx);
+        if answered.is_err() {
+            return None;
+        }
+        let settings = HttpPersistentSettings::for_session(&session);
+        let reusable = session.finish().await.ok().flatten()?;
+        Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
+    }
+}
+
+impl Gateway {
+    /// Answers a request whose head has arrived: catalog routes from pre-rendered bytes, the
+    /// API routes through [`api`]. Errors a client should see are written here, in the
+    /// request's format; an `Err` means the exchange itself broke (see [`Gateway::failed`]).
+    async fn answer(
+        &self,
+        session: &mut ServerSession,
         ctx: &mut RequestCtx,
-    ) -> pingora::Result<bool> {
-        conn::head_read();
+    ) -> pingora::Result<()> {
         let header = session.req_header();
         ctx.route = route::route(&header.method, header.uri.path());
         ctx.format = match ctx.route {
@@ -329,45 +371,43 @@ impl ProxyHttp for Gateway {
                 self.meters.in_flight(ctx.route),
             ));
         }
-        api::handle(self, session, ctx).await?;
-        Ok(true)
+        api::handle(self, session, ctx).await
     }
 
-    async fn upstream_peer(
-        &self,
-        _session: &mut Session,
-        _ctx: &mut RequestCtx,
-    ) -> pingora::Result<Box<HttpPeer>> {
-        // request_filter answers every request; pingora only gets here if that changes.
-        Err(pingora::Error::explain(
-            pingora::ErrorType::InternalError,
-            "every route is answered in request_filter",
-        ))
+    /// After [`Gateway::answer`] failed: the connection is not reused. If nothing was written
+    /// yet and the client is still there, it gets an internal error in its request's format.
+    /// A client that went away is expected: it is in the access log, not the error log.
+    async fn failed(&self, session: &mut ServerSession, ctx: &mut RequestCtx, e: &pingora::Error) {
+        session.set_keepalive(None);
+        let client_gone = ctx.outcome == "client_disconnected"
+            || matches!(
+                e.etype(),
+                pingora::ErrorType::WriteError
+                    | pingora::ErrorType::ReadError
+                    | pingora::ErrorType::ConnectionClosed
+            );
+        if client_gone {
+            return;
+        }
+        log::error!("request {}: {e}", ctx.request_id);
+        if ctx.outcome == "ok" {
+            ctx.outcome = "internal_error";
+        }
+        if session.response_written().is_none() {
+            let err = ApiError::new(ErrorKind::Internal, "the gateway failed to answer");
+            let _ = respond::error(session, ctx, ctx.format, &err).await;
+        }
     }
 
-    fn suppress_error_log(
-        &self,
-        _session: &Session,
-        ctx: &RequestCtx,
-        _e: &pingora::Error,
-    ) -> bool {
-        // Client disconnects are expected; they are in the access log.
-        ctx.outcome == "client_disconnected"
-    }
-
-    async fn logging(
-        &self,
-        _session: &mut Session,
-        _e: Option<&pingora::Error>,
-        ctx: &mut RequestCtx,
-    ) {
+    /// Runs once for every answered request, whatever happened — success, error, client
+    /// disconnect: settles the reservation, queues the ledger row, observes the metrics and
+    /// writes the access-log line.
+    fn finish(&self, ctx: &mut RequestCtx) {
         self.settle(ctx);
         self.observe(ctx);
         drop(ctx.in_flight.take());
     }
-}
 
-impl Gateway {
     /// Replaces the reservation by the real charge and queues the ledger row.
     fn settle(&self, ctx: &mut RequestCtx) {
         ctx.settlement_fallback = None;
@@ -493,7 +533,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_request_that_never_reaches_logging_is_billed_once_from_drop() {
+    async fn a_request_that_never_reaches_finish_is_billed_once_from_drop() {
         let config = Arc::new(Config::parse(EMBEDDED_DEFAULT, "test").unwrap());
         let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
         let t = store.create_tenant("acme").await.unwrap().id;

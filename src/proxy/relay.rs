@@ -46,7 +46,7 @@ use crate::upstream::client::{self, Call, Read, SendError, UpstreamResponse};
 use crate::upstream::{block_hashes, ReplicaGuard};
 use crate::usage::{usage_of_completion, Usage};
 use bytes::Bytes;
-use pingora::proxy::Session;
+use pingora::protocols::http::ServerSession;
 use std::future::Future;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -66,8 +66,8 @@ enum Sent<'a> {
 }
 
 /// Resolves when the client closes its connection (or sends bytes it should not).
-async fn client_gone(session: &mut Session) {
-    let _ = session.as_downstream_mut().read_body_or_idle(true).await;
+async fn client_gone(session: &mut ServerSession) {
+    let _ = session.read_body_or_idle(true).await;
 }
 
 /// Consumes the request: once the upstream has answered nothing is resent, so its body (up to
@@ -87,7 +87,7 @@ fn response_context(gw: &Gateway, ctx: &RequestCtx, req: UpstreamRequest) -> Res
 /// Picks replicas and sends until one answers (see the module docs for what is retried).
 async fn send<'g>(
     gw: &'g Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     req: &UpstreamRequest,
     prompt_blocks: &[u64],
@@ -187,7 +187,7 @@ async fn send<'g>(
 /// Answers a chat or messages request from the upstream.
 pub async fn completion(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     req: UpstreamRequest,
 ) -> pingora::Result<()> {
@@ -307,7 +307,7 @@ pub async fn completion(
 /// Relays a stream; see the module docs.
 async fn stream(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     mut resp: UpstreamResponse,
     mut translator: Box<dyn StreamTranslator>,
@@ -438,11 +438,7 @@ async fn stream(
             }
             let chunk = Bytes::copy_from_slice(&out);
             out.clear();
-            if session
-                .write_response_body(Some(chunk), false)
-                .await
-                .is_err()
-            {
+            if session.write_response_body(chunk, false).await.is_err() {
                 client_left = true;
                 break;
             }
@@ -461,7 +457,7 @@ async fn stream(
             .inc();
         // Closing the upstream connection makes the server abort the generation.
         resp.finish(&gw.connector).await;
-        session.as_downstream_mut().set_keepalive(None);
+        session.set_keepalive(None);
         return Ok(());
     }
     if translator.end() == StreamEnd::Failed {
@@ -472,7 +468,7 @@ async fn stream(
     }
     if committed {
         // End the client's stream first: reading the upstream's tail must not delay it.
-        let ended = session.write_response_body(None, true).await;
+        let ended = session.write_response_body(Bytes::new(), true).await;
         if translator.end() == StreamEnd::Complete && !upstream_ended {
             read_tail(&mut resp).await;
         }
@@ -529,7 +525,7 @@ async fn read_tail(resp: &mut UpstreamResponse) {
 /// exchange, failovers included, has `first_byte_ms`.
 pub async fn tokenize(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     model_id: ModelId,
     body: &[u8],

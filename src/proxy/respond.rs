@@ -9,7 +9,7 @@ use crate::error::{ApiError, ClientFormat, ErrorKind};
 use bytes::Bytes;
 use http::HeaderValue;
 use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
+use pingora::protocols::http::ServerSession;
 use pingora::OrErr;
 
 fn base_header(status: u16, ctx: &RequestCtx, more: usize) -> pingora::Result<ResponseHeader> {
@@ -27,7 +27,7 @@ fn base_header(status: u16, ctx: &RequestCtx, more: usize) -> pingora::Result<Re
 
 /// Writes a complete JSON response.
 pub async fn json(
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     status: u16,
     body: Bytes,
@@ -38,7 +38,7 @@ pub async fn json(
 /// Writes an error in the client's format with its status, plus `retry-after` and
 /// `x-should-retry` when its kind has them.
 pub async fn error(
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     format: ClientFormat,
     err: &ApiError,
@@ -49,7 +49,7 @@ pub async fn error(
 }
 
 async fn write_json(
-    session: &mut Session,
+    session: &mut ServerSession,
     ctx: &mut RequestCtx,
     status: u16,
     body: Bytes,
@@ -68,17 +68,18 @@ async fn write_json(
     }
     ctx.status = status;
     let head_only = session.req_header().method == http::Method::HEAD;
-    session
-        .write_response_header(Box::new(h), head_only)
-        .await?;
+    session.write_response_header(Box::new(h)).await?;
     if !head_only {
-        session.write_response_body(Some(body), true).await?;
+        session.write_response_body(body, true).await?;
     }
     Ok(())
 }
 
 /// Commits a `200` event stream: chunked, not cached, not buffered by intermediaries.
-pub async fn stream_header(session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+pub async fn stream_header(
+    session: &mut ServerSession,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<()> {
     let mut h = base_header(200, ctx, 4)?;
     h.insert_header(
         "content-type",
@@ -89,5 +90,5 @@ pub async fn stream_header(session: &mut Session, ctx: &mut RequestCtx) -> pingo
     // Without an explicit chunked encoding pingora would fall back to close-delimited framing.
     h.insert_header("transfer-encoding", HeaderValue::from_static("chunked"))?;
     ctx.status = 200;
-    session.write_response_header(Box::new(h), false).await
+    session.write_response_header(Box::new(h)).await
 }
