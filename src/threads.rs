@@ -7,8 +7,8 @@
 //! nice +10 the scheduler gives such a thread about a tenth of a contended core and lets a
 //! worker that wakes up preempt it. A tenth is still several times what the ledger needs at full
 //! load, and `store.max_unstored_rows` bounds the backlog if it ever falls behind. The SQLite
-//! writer also yields the core every few rows ([`let_requests_run`]): the nice value alone let
-//! a batch run out its time slice first.
+//! writer also yields the core every few rows of a small batch ([`let_requests_run`]): the
+//! nice value alone let a batch run out its time slice first.
 
 /// The nice value of bookkeeping threads (0 is the default, 19 the lowest priority).
 pub const BOOKKEEPING_NICE: i32 = 10;
@@ -26,6 +26,18 @@ pub fn run_behind_requests() {
 /// Rows a bookkeeping thread writes between two [`let_requests_run`] calls: about 25 µs of
 /// SQLite work at ~3 µs a row.
 pub const ROWS_PER_YIELD: usize = 8;
+
+/// The largest batch that yields. A bigger batch means the writer is behind (a saturated core
+/// leaves it only its nice share); there, each yield would push it further back — the
+/// scheduler moves a yielding thread's deadline a whole weighted slice, tens of milliseconds at
+/// nice +10 — and its backlog would grow without bound. So a writer that falls behind stops
+/// yielding until it has caught up.
+pub const MAX_YIELDING_BATCH: usize = 128;
+
+/// Whether a batch of `rows` should [`let_requests_run`] every [`ROWS_PER_YIELD`] rows.
+pub fn batch_yields(rows: usize) -> bool {
+    rows <= MAX_YIELDING_BATCH
+}
 
 /// Gives the core to a request that is waiting for it, if there is one. A nice value alone
 /// does not do that: the scheduler protects a running thread's time slice (EEVDF's
