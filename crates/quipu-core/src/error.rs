@@ -316,10 +316,9 @@ pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
             0x0c => b"\\f",
             0x00..=0x1f => {
                 out.extend_from_slice(&bytes[start..i]);
-                const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(b >> 4) as usize]);
-                out.push(HEX[(b & 0xf) as usize]);
+                let mut escaped = *b"\\u0000";
+                crate::ascii::fill_hex(&mut escaped[2..], u64::from(b));
+                out.extend_from_slice(&escaped);
                 start = i + 1;
                 continue;
             }
@@ -457,5 +456,8 @@ mod tests {
             let back: String = serde_json::from_slice(&out).unwrap();
             assert_eq!(back, s);
         }
+        let mut out = Vec::new();
+        write_json_str(&mut out, "\u{1}a\u{1f}\u{b}");
+        assert_eq!(out, br#""\u0001a\u001f\u000b""#);
     }
 }

@@ -139,11 +139,10 @@ pub fn shorten_tool_name(name: &str) -> String {
     let mut s = String::with_capacity(MAX_TOOL_NAME);
     s.push_str(&name[..cut]);
     s.push('_');
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in &digest[..4] {
-        s.push(char::from(HEX[usize::from(b >> 4)]));
-        s.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
+    let mut hex = [0u8; 8];
+    let first4 = [digest[0], digest[1], digest[2], digest[3]];
+    crate::ascii::fill_hex(&mut hex, u64::from(u32::from_be_bytes(first4)));
+    s.extend(hex.iter().map(|&b| char::from(b)));
     s
 }
 

@@ -705,6 +705,11 @@ fn c11_long_tool_names_are_shortened_stably_and_restored() {
     assert_eq!(short.len(), 64);
     assert_eq!(short, shorten_tool_name(long));
     assert!(short.starts_with(&long[..55]));
+    // `_` and the first 4 bytes of the name's SHA-256 in hex: the same in every version, so a
+    // conversation's history maps to the same names after an upgrade.
+    let d = <sha2::Sha256 as sha2::Digest>::digest(long.as_bytes());
+    let suffix = format!("_{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3]);
+    assert_eq!(short[55..], suffix);
     assert_ne!(
         short,
         shorten_tool_name(
