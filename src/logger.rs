@@ -97,7 +97,7 @@ fn write_batches(rx: Receiver<ToWriter>, out: &mut impl Write) {
 thread_local! {
     /// The line being formatted, reused across records of one thread.
     static LINE: RefCell<Line> = const {
-        RefCell::new(Line { buf: Vec::new(), second: u64::MAX, prefix: [0; 20] })
+        RefCell::new(Line::new())
     };
 }
 
@@ -110,6 +110,15 @@ struct Line {
 }
 
 impl Line {
+    /// An empty buffer whose cached second matches no clock reading.
+    const fn new() -> Line {
+        Line {
+            buf: Vec::new(),
+            second: u64::MAX,
+            prefix: [0; 20],
+        }
+    }
+
     /// Appends `2026-11-23T18:47:28.478Z` (UTC, milliseconds).
     fn push_timestamp(&mut self) {
         let now = std::time::SystemTime::now()
@@ -350,11 +359,7 @@ mod tests {
 
     #[test]
     fn a_line_starts_with_the_timestamp_the_padded_level_and_the_target() {
-        let mut line = Line {
-            buf: Vec::new(),
-            second: u64::MAX,
-            prefix: [0; 20],
-        };
+        let mut line = Line::new();
         for level in [log::Level::Info, log::Level::Error, log::Level::Warn] {
             line.start(level, "quipu::access");
             let text = String::from_utf8(line.buf.clone()).unwrap();
@@ -412,11 +417,7 @@ mod tests {
 
     #[test]
     fn timestamps_are_utc_with_milliseconds_and_the_cached_prefix_follows_the_clock() {
-        let mut line = Line {
-            buf: Vec::new(),
-            second: u64::MAX,
-            prefix: [0; 20],
-        };
+        let mut line = Line::new();
         line.push_timestamp();
         let first = String::from_utf8(line.buf.clone()).unwrap();
         let parsed = chrono::DateTime::parse_from_rfc3339(&first).unwrap();
