@@ -309,6 +309,7 @@ impl LedgerWriter {
     async fn drain(&self) {
         let mut rows = std::mem::take(&mut *self.queue.rows.lock());
         self.queue.publish();
+        crate::threads::note_ledger_backlog(rows.len());
         while !rows.is_empty() {
             let rest = rows.split_off(rows.len().min(self.batch_rows));
             let n = rows.len();

@@ -30,7 +30,7 @@ use super::{
     TenantSummary, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::money::Pen;
-use crate::threads::{batch_yields, let_requests_run, ROWS_PER_YIELD};
+use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};
@@ -692,7 +692,7 @@ impl Store for SqliteStore {
                     .map_err(sql_err)?;
                 // A batch holds a write transaction for milliseconds of CPU on a thread that
                 // may share a core with the workers: let requests through (see `threads`).
-                let yields = batch_yields(rows.len());
+                let yields = ledger_yields();
                 for (i, (row, p)) in rows.iter().zip(&checked).enumerate() {
                     if yields && i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1 {
                         let_requests_run();
