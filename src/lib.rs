@@ -8,7 +8,7 @@
 //! translate + meter → settle + record. Protocol work is pure (`sse`, `usage`, `translate`);
 //! I/O lives at the edges (`proxy`, `store`).
 
-pub use quipu_core::{ascii, config, error, money, protocol, sse, translate, usage};
+pub use quipu_core::{ascii, config, error, h1, money, protocol, sse, translate, usage};
 
 pub mod admin;
 pub mod auth;

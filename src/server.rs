@@ -32,8 +32,8 @@ use crate::ratelimit::RateLimiter;
 use crate::store::Store;
 use crate::upstream::ModelPool;
 use pingora::apps::http_app::{HttpServer, ServeHttp};
-use pingora::connectors::http::v1::Connector;
 use pingora::connectors::ConnectorOptions;
+use pingora::connectors::TransportConnector;
 use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFFER_SIZE};
 use pingora::protocols::http::ServerSession;
 use pingora::server::configuration::{Opt, ServerConf};
@@ -218,7 +218,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         catalog,
         keys: keys.clone(),
         pools,
-        connector: Connector::new(Some(connector_opts)),
+        connector: TransportConnector::new(Some(connector_opts)),
         accounts: accounts.clone(),
         ledger: ledger_handle,
         limits: RateLimiter::new(config.limits),

@@ -6,8 +6,8 @@
 //! - **read the head** with pingora's HTTP/1 server session;
 //! - **[`Gateway::answer`]** answers the request: catalog routes from pre-rendered bytes, and
 //!   the API routes through [`api`] (auth → body → translate → admit → upstream exchange →
-//!   translate back), driven here on pingora-core's connector ([`crate::upstream::client`]
-//!   explains why not through pingora-proxy's proxy loop);
+//!   translate back), on pingora-core's connection pool and Quipu's own HTTP/1.1 client
+//!   ([`crate::upstream::client`] explains why not through pingora-proxy's proxy loop);
 //! - **[`Gateway::finish`]** runs once for every answered request, whatever happened — success,
 //!   error, client disconnect — and is where the reservation is settled, the ledger row queued,
 //!   metrics observed and the access-log line written.
@@ -41,7 +41,7 @@ use crate::usage::Usage;
 use conn::Lifecycle;
 use meters::Meters;
 use pingora::apps::{HttpPersistentSettings, ReusedHttpStream};
-use pingora::connectors::http::v1::Connector;
+use pingora::connectors::TransportConnector;
 use pingora::protocols::http::ServerSession;
 use prometheus::IntGauge;
 use route::Route;
@@ -55,7 +55,7 @@ pub struct Gateway {
     pub catalog: Catalog,
     pub keys: Arc<KeySnapshot>,
     pub pools: Vec<ModelPool>,
-    pub connector: Connector,
+    pub connector: TransportConnector,
     pub accounts: Arc<Accounts>,
     pub ledger: LedgerHandle,
     pub limits: RateLimiter,

@@ -59,7 +59,7 @@ const MAX_ERROR_BODY: usize = 1024 * 1024;
 
 /// What became of sending the request.
 enum Sent<'a> {
-    /// The response is small (its connection is boxed inside it).
+    /// The response (a connection and its read buffer, ~100 bytes).
     Response(UpstreamResponse, ReplicaGuard<'a>),
     /// An error was (or could not be) written to the client; nothing more to do.
     Done,
@@ -229,7 +229,7 @@ pub async fn completion(
             },
             ctx.format,
         );
-        resp.finish(&gw.connector).await;
+        resp.finish(&gw.connector);
         ctx.outcome = "upstream_error";
         return respond::error(session, ctx, ctx.format, &e).await;
     }
@@ -259,7 +259,7 @@ pub async fn completion(
             m().client_disconnects
                 .with_label_values(&[ctx.route.as_str()])
                 .inc();
-            resp.finish(&gw.connector).await;
+            resp.finish(&gw.connector);
             // The upstream accepted the request and worked on it until the cancel; its report
             // never comes. Bill the input (`settle` estimates it when none was reported), no
             // output: nothing was delivered.
@@ -270,7 +270,7 @@ pub async fn completion(
             Ok(b) => b,
             Err(detail) => {
                 ctx.outcome = "upstream_error";
-                resp.finish(&gw.connector).await;
+                resp.finish(&gw.connector);
                 let e = if detail.contains("timed out") {
                     ApiError::new(
                         ErrorKind::UpstreamTimeout,
@@ -282,7 +282,7 @@ pub async fn completion(
                 return respond::error(session, ctx, ctx.format, &e).await;
             }
         };
-        resp.finish(&gw.connector).await;
+        resp.finish(&gw.connector);
         let translated = match ctx.format {
             ClientFormat::Chat => {
                 upstream_to_chat(&body, &rctx, gw.config.streaming.chat_reasoning_field)
@@ -427,7 +427,7 @@ async fn stream(
                     m().streams_open.dec();
                     ctx.usage = Some(translator.usage());
                     ctx.upstream_time += stream_started.elapsed();
-                    resp.finish(&gw.connector).await;
+                    resp.finish(&gw.connector);
                     return respond::error(session, ctx, ctx.format, &e).await;
                 }
                 if respond::stream_header(session, ctx).await.is_err() {
@@ -456,7 +456,7 @@ async fn stream(
             .with_label_values(&[ctx.route.as_str()])
             .inc();
         // Closing the upstream connection makes the server abort the generation.
-        resp.finish(&gw.connector).await;
+        resp.finish(&gw.connector);
         session.set_keepalive(None);
         return Ok(());
     }
@@ -472,10 +472,10 @@ async fn stream(
         if translator.end() == StreamEnd::Complete && !upstream_ended {
             read_tail(&mut resp).await;
         }
-        resp.finish(&gw.connector).await;
+        resp.finish(&gw.connector);
         ended?;
     } else {
-        resp.finish(&gw.connector).await;
+        resp.finish(&gw.connector);
         // The upstream ended without a byte of output (nothing to commit): say so.
         let e = translator
             .error()
@@ -595,7 +595,7 @@ async fn tokenize_exchange(
         };
         let status = resp.status;
         let read = resp.read_all_by(MAX_ERROR_BODY * 4, by).await;
-        resp.finish(&gw.connector).await;
+        resp.finish(&gw.connector);
         let body = match read {
             Ok(b) => b,
             Err(d) if d.contains("timed out") => return Err(timed_out()),

@@ -1,4 +1,4 @@
-//! One HTTP/1.1 exchange with an upstream replica, on pingora-core's pooled connector.
+//! One HTTP/1.1 exchange with an upstream replica, on pingora-core's connection pool.
 //!
 //! Quipu drives the upstream exchange itself instead of handing it to pingora-proxy's proxy
 //! loop, because the routing key (the model) is inside a request body that can be far larger
@@ -8,21 +8,25 @@
 //! and separate time-to-first-byte and idle timeouts. Connections still come from, and return
 //! to, pingora's connection pool.
 //!
-//! Memory per open stream matters here (10,000 of them must fit): the response keeps its
-//! connection boxed, and [`send`] and [`UpstreamResponse::finish`] return boxed futures. Their
-//! state (pingora's connector, 4–5 KiB each) would otherwise be laid out inside every caller's
-//! future, and so inside each request's, for the whole life of a stream.
+//! The HTTP/1.1 layer is Quipu's own ([`crate::h1`] parses), on pingora's TCP connector and
+//! connection pool. Memory per open stream matters here (10,000 of them must fit): a response
+//! holds its connection and one read buffer, which starts at 4 KiB and grows only while reads
+//! fill it; the body is handed out as slices of that buffer. Pingora's HTTP/1 client session
+//! kept a 4 KiB head buffer, a 64 KiB body buffer and a header map per response. [`send`]
+//! returns a boxed future: its state (pingora's connector, several KiB) would otherwise be laid
+//! out inside every caller's future, and so inside each request's for the whole life of a
+//! stream.
 
 use crate::config::{Replica, Timeouts};
+use crate::h1::{self, Body, Head, Step};
 use bytes::Bytes;
-use http::HeaderValue;
-use pingora::connectors::http::v1::Connector;
-use pingora::http::{RequestHeader, ResponseHeader};
-use pingora::protocols::http::v1::client::HttpSession;
-use pingora::upstreams::peer::HttpPeer;
+use pingora::connectors::TransportConnector;
+use pingora::protocols::Stream;
+use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 /// A heap-allocated future (see the module docs for why some are).
@@ -31,7 +35,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// How long an idle upstream connection stays in the pool.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
-/// Why an attempt failed before a response header arrived.
+/// Why an attempt failed before a response head arrived.
 #[derive(Debug)]
 pub enum SendError {
     /// Could not connect (refused, unreachable, connect timeout): safe to retry elsewhere.
@@ -63,27 +67,29 @@ impl std::fmt::Display for SendError {
     }
 }
 
-/// An upstream response whose header has arrived; the body is read through [`Self::read`].
+/// An upstream response whose head has arrived; the body is read through [`Self::read`].
 pub struct UpstreamResponse {
-    conn: Box<Connection>,
+    conn: Connection,
     pub status: u16,
     pub retry_after: Option<u64>,
 }
 
-/// The connection of a response, and the peer it goes back to the pool under.
+/// An upstream connection and what has been read from it.
 struct Connection {
-    session: HttpSession,
-    peer: HttpPeer,
+    stream: Stream,
+    /// The peer's key in the connection pool (its `reuse_hash`).
+    pool_key: u64,
+    /// Bytes read from the upstream; `buf[pos..]` are not consumed yet.
+    buf: Vec<u8>,
+    pos: usize,
+    body: Body,
+    keep_alive: bool,
 }
 
 fn peer_for(replica: &Replica, timeouts: &Timeouts) -> HttpPeer {
     let mut peer = HttpPeer::new(replica.addr, false, String::new());
     peer.options.connection_timeout = Some(timeouts.connect);
     peer.options.total_connection_timeout = Some(timeouts.connect);
-    // Timeouts of reads are applied per phase by the caller (first byte vs idle).
-    peer.options.read_timeout = None;
-    peer.options.write_timeout = Some(timeouts.connect.max(Duration::from_secs(10)));
-    peer.options.idle_timeout = Some(POOL_IDLE);
     peer
 }
 
@@ -103,19 +109,19 @@ pub struct Call<'a> {
     pub header_deadline: Instant,
 }
 
-/// Sends the call and waits for the response header.
+/// Sends the call and waits for the response head.
 ///
 /// A pooled connection that turns out to be dead is retried once on a fresh connection before
 /// the error is reported.
 pub fn send<'a>(
-    connector: &'a Connector,
+    connector: &'a TransportConnector,
     call: &'a Call<'_>,
 ) -> BoxFuture<'a, Result<UpstreamResponse, SendError>> {
     Box::pin(send_unboxed(connector, call))
 }
 
 async fn send_unboxed(
-    connector: &Connector,
+    connector: &TransportConnector,
     call: &Call<'_>,
 ) -> Result<UpstreamResponse, SendError> {
     let Call {
@@ -128,52 +134,36 @@ async fn send_unboxed(
         header_deadline,
     } = *call;
     let peer = peer_for(replica, timeouts);
+    let wire = request_wire(&replica.authority, path, body, request_id, api_key)
+        .map_err(SendError::Connect)?;
+    // A small body goes out with the head, in one write.
+    let rest = if inline_body(body) { &[][..] } else { body };
+    let write_timeout = timeouts.connect.max(Duration::from_secs(10));
     let mut fresh_only = false;
     loop {
-        let (mut session, reused) = if fresh_only {
-            (
-                connector
-                    .get_http_session(&peer)
-                    .await
-                    .map(|(s, _)| s)
-                    .map_err(|e| SendError::Connect(e.to_string()))?,
-                false,
-            )
+        let connected = if fresh_only {
+            connector.new_stream(&peer).await.map(|s| (s, false))
         } else {
-            connector
-                .get_http_session(&peer)
-                .await
-                .map_err(|e| SendError::Connect(e.to_string()))?
+            connector.get_stream(&peer).await
         };
-        let header = request_header(replica, path, body.len(), request_id, api_key)
-            .map_err(|e| SendError::Connect(e.to_string()))?;
-        let sent = async {
-            session.write_request_header(Box::new(header)).await?;
-            session.write_body(body).await?;
-            session.finish_body().await?;
-            Ok::<(), Box<pingora::Error>>(())
-        }
-        .await;
-        let result = match sent {
-            Err(e) => Err(SendError::Broken(e.to_string())),
-            Ok(()) => match tokio::time::timeout_at(header_deadline, session.read_response()).await
-            {
+        let (stream, reused) = connected.map_err(|e| SendError::Connect(e.to_string()))?;
+        let mut conn = Connection::new(stream, peer.reuse_hash());
+        let result = match tokio::time::timeout(write_timeout, conn.write(&wire, rest)).await {
+            Err(_) => Err(SendError::Broken("timed out sending the request".into())),
+            Ok(Err(e)) => Err(SendError::Broken(e.to_string())),
+            Ok(Ok(())) => match tokio::time::timeout_at(header_deadline, conn.read_head()).await {
                 Err(_) => Err(SendError::Timeout),
-                Ok(Err(e)) => Err(SendError::Broken(e.to_string())),
-                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(SendError::Broken(e)),
+                Ok(Ok(head)) => Ok(head),
             },
         };
         match result {
-            Ok(()) => {
-                let (status, retry_after) = match session.resp_header() {
-                    Some(h) => (h.status.as_u16(), retry_after(h)),
-                    None => return Err(SendError::Broken("no response header".into())),
-                };
+            Ok(head) => {
                 return Ok(UpstreamResponse {
-                    conn: Box::new(Connection { session, peer }),
-                    status,
-                    retry_after,
-                });
+                    conn,
+                    status: head.status,
+                    retry_after: head.retry_after,
+                })
             }
             // A stale keep-alive connection: try once more on a new one.
             Err(SendError::Broken(_)) if reused && !fresh_only => {
@@ -185,32 +175,59 @@ async fn send_unboxed(
     }
 }
 
-fn request_header(
-    replica: &Replica,
-    path: &str,
-    len: usize,
-    request_id: &str,
-    api_key: Option<&str>,
-) -> pingora::Result<RequestHeader> {
-    // No case map: upstreams read header names case-insensitively.
-    let mut h = RequestHeader::build_no_case(http::Method::POST, path.as_bytes(), Some(5))?;
-    h.insert_header("host", replica.authority.as_str())?;
-    h.insert_header("content-type", HeaderValue::from_static("application/json"))?;
-    h.insert_header("content-length", HeaderValue::from(len))?;
-    h.insert_header("x-request-id", request_id)?;
-    if let Some(key) = api_key {
-        h.insert_header("authorization", format!("Bearer {key}"))?;
-    }
-    Ok(h)
+/// Whether a request body is small enough to be copied behind the head and sent in the same
+/// write (a copy of 16 KiB costs less than a second system call).
+fn inline_body(body: &[u8]) -> bool {
+    body.len() <= 16 * 1024
 }
 
-fn retry_after(h: &ResponseHeader) -> Option<u64> {
-    h.headers
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(|v| v.ceil() as u64)
+/// The request head, followed by the body when that is small (one write instead of two).
+/// Header names are lowercase: upstreams read them case-insensitively.
+fn request_wire(
+    authority: &str,
+    path: &str,
+    body: &[u8],
+    request_id: &str,
+    api_key: Option<&str>,
+) -> Result<Vec<u8>, String> {
+    let fields = [
+        ("request path", path),
+        ("host", authority),
+        ("x-request-id", request_id),
+        ("authorization", api_key.unwrap_or_default()),
+    ];
+    for (name, value) in fields {
+        if !field_value_ok(value) || (name == "request path" && value.contains(' ')) {
+            return Err(format!("invalid {name} for an upstream request: {value:?}"));
+        }
+    }
+    let inline = inline_body(body);
+    let mut w = Vec::with_capacity(
+        192 + path.len() + request_id.len() + if inline { body.len() } else { 0 },
+    );
+    w.extend_from_slice(b"POST ");
+    w.extend_from_slice(path.as_bytes());
+    w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    w.extend_from_slice(authority.as_bytes());
+    w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+    w.extend_from_slice(body.len().to_string().as_bytes());
+    w.extend_from_slice(b"\r\nx-request-id: ");
+    w.extend_from_slice(request_id.as_bytes());
+    if let Some(key) = api_key {
+        w.extend_from_slice(b"\r\nauthorization: Bearer ");
+        w.extend_from_slice(key.as_bytes());
+    }
+    w.extend_from_slice(b"\r\n\r\n");
+    if inline {
+        w.extend_from_slice(body);
+    }
+    Ok(w)
+}
+
+/// A header value (or request target) may not hold control characters: a CR or LF would
+/// split the request.
+fn field_value_ok(v: &str) -> bool {
+    v.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 /// A read from the upstream body.
@@ -219,13 +236,98 @@ pub enum Read<'a> {
     End,
 }
 
+/// The read buffer's first size: a response head and a few streamed chunks fit.
+const INITIAL_BUF: usize = 4096;
+/// The read buffer grows (doubling) while reads fill it, up to this.
+const MAX_BUF: usize = 64 * 1024;
+/// The longest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+
+impl Connection {
+    fn new(stream: Stream, pool_key: u64) -> Connection {
+        Connection {
+            stream,
+            pool_key,
+            buf: Vec::with_capacity(INITIAL_BUF),
+            pos: 0,
+            body: Body::new(h1::Framing::Length(0)),
+            keep_alive: false,
+        }
+    }
+
+    async fn write(&mut self, wire: &[u8], rest: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(wire).await?;
+        if !rest.is_empty() {
+            self.stream.write_all(rest).await?;
+        }
+        self.stream.flush().await
+    }
+
+    /// Reads until a final (not 1xx) response head has arrived, and sets up its body.
+    async fn read_head(&mut self) -> Result<Head, String> {
+        loop {
+            if let Some((head, len)) = h1::parse_head(&self.buf[self.pos..])? {
+                self.pos += len;
+                if head.is_informational() {
+                    continue;
+                }
+                if head.status == 101 {
+                    return Err("the upstream switched protocols".into());
+                }
+                self.body = Body::new(head.framing);
+                self.keep_alive = head.keep_alive;
+                return Ok(head);
+            }
+            if self.buf.len() - self.pos > MAX_HEAD {
+                return Err(format!("response head over {MAX_HEAD} bytes"));
+            }
+            if self.fill().await.map_err(|e| e.to_string())? == 0 {
+                return Err("the upstream closed the connection before a response head".into());
+            }
+        }
+    }
+
+    /// Reads more bytes; 0 means the upstream closed the connection. Consumed bytes are
+    /// dropped first, so the buffer only grows when reads keep filling it (a fast upstream) or
+    /// one frame does not fit.
+    async fn fill(&mut self) -> std::io::Result<usize> {
+        if self.pos == self.buf.len() {
+            self.buf.clear();
+        } else if self.pos > 0 {
+            self.buf.drain(..self.pos);
+        }
+        self.pos = 0;
+        if self.buf.len() == self.buf.capacity() {
+            self.buf.reserve(self.buf.capacity().max(INITIAL_BUF));
+        }
+        let room = self.buf.capacity() - self.buf.len();
+        let n = self.stream.read_buf(&mut self.buf).await?;
+        if n == room && self.buf.capacity() < MAX_BUF {
+            self.buf.reserve(self.buf.capacity());
+        }
+        Ok(n)
+    }
+}
+
 impl UpstreamResponse {
-    /// The next piece of the body. Not a timeout: callers race it against their own clocks.
+    /// The next piece of the body, without a copy. Not a timeout: callers race it against
+    /// their own clocks (it is cancel-safe).
     pub async fn read(&mut self) -> Result<Read<'_>, String> {
-        match self.conn.session.read_body_ref().await {
-            Ok(Some(b)) => Ok(Read::Data(b)),
-            Ok(None) => Ok(Read::End),
-            Err(e) => Err(e.to_string()),
+        let c = &mut self.conn;
+        loop {
+            let at = c.pos;
+            let (used, step) = c.body.step(&c.buf[at..])?;
+            c.pos += used;
+            match step {
+                Step::Data(r) => return Ok(Read::Data(&c.buf[at + r.start..at + r.end])),
+                Step::End => return Ok(Read::End),
+                Step::More => {
+                    if c.fill().await.map_err(|e| e.to_string())? == 0 {
+                        c.body.at_eof()?;
+                        return Ok(Read::End);
+                    }
+                }
+            }
         }
     }
 
@@ -240,15 +342,14 @@ impl UpstreamResponse {
         let mut buf = Vec::new();
         let read = async {
             loop {
-                match self.conn.session.read_body_ref().await {
-                    Ok(Some(b)) => {
+                match self.read().await? {
+                    Read::Data(b) => {
                         if buf.len() + b.len() > limit {
                             return Err(format!("response body over {limit} bytes"));
                         }
                         buf.extend_from_slice(b);
                     }
-                    Ok(None) => return Ok(()),
-                    Err(e) => return Err(e.to_string()),
+                    Read::End => return Ok(()),
                 }
             }
         };
@@ -259,19 +360,12 @@ impl UpstreamResponse {
         }
     }
 
-    /// Returns the connection to the pool if the body was read to its end; otherwise closes it
-    /// (which makes vLLM abort a generation still running).
-    pub fn finish(self, connector: &Connector) -> BoxFuture<'_, ()> {
-        let Connection { mut session, peer } = *self.conn;
-        Box::pin(async move {
-            if session.is_body_done() {
-                session.respect_keepalive();
-                connector
-                    .release_http_session(session, &peer, Some(POOL_IDLE))
-                    .await;
-            } else {
-                session.shutdown().await;
-            }
-        })
+    /// Returns the connection to the pool if the body was read to its end and nothing came
+    /// after it; otherwise closes it (which makes vLLM abort a generation still running).
+    pub fn finish(self, connector: &TransportConnector) {
+        let c = self.conn;
+        if c.keep_alive && c.body.is_done() && c.pos == c.buf.len() {
+            connector.release_stream(c.stream, c.pool_key, Some(POOL_IDLE));
+        }
     }
 }

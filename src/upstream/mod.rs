@@ -1,5 +1,5 @@
 //! The upstream side: replica pools and selection ([`pool`]) and the HTTP exchange with one
-//! replica ([`client`]).
+//! replica ([`client`], with its response framing in [`crate::h1`]).
 
 pub mod client;
 pub mod pool;

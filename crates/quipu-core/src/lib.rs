@@ -5,6 +5,7 @@
 //! - [`money`]: exact amounts in soles (pico-soles in an `i128`), rates, charges.
 //! - [`usage`]: token usage and where each protocol's fields come from.
 //! - [`sse`]: the incremental Server-Sent Events decoder and encoders.
+//! - [`h1`]: HTTP/1.1 response framing for the upstream client (head, chunked bodies).
 //! - [`protocol`]: serde wire types.
 //! - [`translate`]: the pure translators between the client formats and the upstream.
 //!
@@ -18,6 +19,7 @@
 pub mod ascii;
 pub mod config;
 pub mod error;
+pub mod h1;
 pub mod money;
 pub mod protocol;
 pub mod sse;
