@@ -266,7 +266,14 @@ impl Connection {
     /// Reads until a final (not 1xx) response head has arrived, and sets up its body.
     async fn read_head(&mut self) -> Result<Head, String> {
         loop {
-            if let Some((head, len)) = h1::parse_head(&self.buf[self.pos..])? {
+            let unread = &self.buf[self.pos..];
+            // Nothing buffered yet (a fresh response): read before parsing.
+            let parsed = if unread.is_empty() {
+                None
+            } else {
+                h1::parse_head(unread)?
+            };
+            if let Some((head, len)) = parsed {
                 self.pos += len;
                 if head.is_informational() {
                     continue;
