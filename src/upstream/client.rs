@@ -134,10 +134,16 @@ async fn send_unboxed(
         header_deadline,
     } = *call;
     let peer = peer_for(replica, timeouts);
-    let wire = request_wire(&replica.authority, path, body, request_id, api_key)
-        .map_err(SendError::Connect)?;
+    let request = h1::Request {
+        path,
+        authority: &replica.authority,
+        body,
+        request_id,
+        api_key,
+    };
+    let wire = h1::request(&request).map_err(SendError::Connect)?;
     // A small body goes out with the head, in one write.
-    let rest = if inline_body(body) { &[][..] } else { body };
+    let rest = if request.body_inline() { &[][..] } else { body };
     let write_timeout = timeouts.connect.max(Duration::from_secs(10));
     let mut fresh_only = false;
     loop {
@@ -173,61 +179,6 @@ async fn send_unboxed(
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Whether a request body is small enough to be copied behind the head and sent in the same
-/// write (a copy of 16 KiB costs less than a second system call).
-fn inline_body(body: &[u8]) -> bool {
-    body.len() <= 16 * 1024
-}
-
-/// The request head, followed by the body when that is small (one write instead of two).
-/// Header names are lowercase: upstreams read them case-insensitively.
-fn request_wire(
-    authority: &str,
-    path: &str,
-    body: &[u8],
-    request_id: &str,
-    api_key: Option<&str>,
-) -> Result<Vec<u8>, String> {
-    let fields = [
-        ("request path", path),
-        ("host", authority),
-        ("x-request-id", request_id),
-        ("authorization", api_key.unwrap_or_default()),
-    ];
-    for (name, value) in fields {
-        if !field_value_ok(value) || (name == "request path" && value.contains(' ')) {
-            return Err(format!("invalid {name} for an upstream request: {value:?}"));
-        }
-    }
-    let inline = inline_body(body);
-    let mut w = Vec::with_capacity(
-        192 + path.len() + request_id.len() + if inline { body.len() } else { 0 },
-    );
-    w.extend_from_slice(b"POST ");
-    w.extend_from_slice(path.as_bytes());
-    w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    w.extend_from_slice(authority.as_bytes());
-    w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-    w.extend_from_slice(body.len().to_string().as_bytes());
-    w.extend_from_slice(b"\r\nx-request-id: ");
-    w.extend_from_slice(request_id.as_bytes());
-    if let Some(key) = api_key {
-        w.extend_from_slice(b"\r\nauthorization: Bearer ");
-        w.extend_from_slice(key.as_bytes());
-    }
-    w.extend_from_slice(b"\r\n\r\n");
-    if inline {
-        w.extend_from_slice(body);
-    }
-    Ok(w)
-}
-
-/// A header value (or request target) may not hold control characters: a CR or LF would
-/// split the request.
-fn field_value_ok(v: &str) -> bool {
-    v.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 /// A read from the upstream body.

@@ -1,6 +1,6 @@
-//! HTTP/1.1 response framing for the upstream client, without I/O: the response head, and a
-//! body decoder that hands back ranges of the caller's read buffer (no copy) for
-//! `Content-Length`, chunked and close-delimited bodies (RFC 9112 §6).
+//! HTTP/1.1 for the upstream client, without I/O: the request it sends ([`request`]), the
+//! response head, and a body decoder that hands back ranges of the caller's read buffer (no
+//! copy) for `Content-Length`, chunked and close-delimited bodies (RFC 9112 §6).
 //!
 //! Quipu reads upstream responses through its own small buffer instead of pingora's HTTP/1
 //! client, whose session keeps a 4 KiB head buffer and a 64 KiB body buffer per response, plus a
@@ -14,6 +14,73 @@ use std::ops::Range;
 const MAX_HEADERS: usize = 64;
 /// Longest chunk-size or trailer line accepted.
 const MAX_LINE: usize = 4096;
+
+/// What goes into an upstream request (always a `POST` of JSON).
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The request target, e.g. `/v1/chat/completions`.
+    pub path: &'a str,
+    /// The `Host` header.
+    pub authority: &'a str,
+    pub body: &'a [u8],
+    /// Sent as `x-request-id`.
+    pub request_id: &'a str,
+    /// Sent as `Authorization: Bearer`.
+    pub api_key: Option<&'a str>,
+}
+
+/// Request bodies up to this size are copied behind the head and sent in the same write: a
+/// 16 KiB copy costs less than a second system call.
+pub const INLINE_BODY: usize = 16 * 1024;
+
+impl Request<'_> {
+    /// Whether [`request`] puts the body in the returned bytes (else the caller sends it).
+    pub fn body_inline(&self) -> bool {
+        self.body.len() <= INLINE_BODY
+    }
+}
+
+/// The bytes of the request head, followed by the body when [`Request::body_inline`]. Header
+/// names are lowercase (upstreams read them case-insensitively). A value with a control
+/// character is refused: a CR or LF would split the request.
+pub fn request(r: &Request<'_>) -> Result<Vec<u8>, String> {
+    let fields = [
+        ("request path", r.path),
+        ("host", r.authority),
+        ("x-request-id", r.request_id),
+        ("authorization", r.api_key.unwrap_or_default()),
+    ];
+    for (name, value) in fields {
+        let bad_path = name == "request path" && (value.is_empty() || value.contains(' '));
+        if bad_path
+            || !value
+                .bytes()
+                .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+        {
+            return Err(format!("invalid {name} for an upstream request: {value:?}"));
+        }
+    }
+    let inline = r.body_inline();
+    let body_room = if inline { r.body.len() } else { 0 };
+    let mut w = Vec::with_capacity(192 + r.path.len() + r.request_id.len() + body_room);
+    w.extend_from_slice(b"POST ");
+    w.extend_from_slice(r.path.as_bytes());
+    w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    w.extend_from_slice(r.authority.as_bytes());
+    w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+    crate::ascii::push_u64(&mut w, r.body.len() as u64);
+    w.extend_from_slice(b"\r\nx-request-id: ");
+    w.extend_from_slice(r.request_id.as_bytes());
+    if let Some(key) = r.api_key {
+        w.extend_from_slice(b"\r\nauthorization: Bearer ");
+        w.extend_from_slice(key.as_bytes());
+    }
+    w.extend_from_slice(b"\r\n\r\n");
+    if inline {
+        w.extend_from_slice(r.body);
+    }
+    Ok(w)
+}
 
 /// What Quipu needs of a response head.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,6 +373,52 @@ fn chunk_size(line: &[u8]) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn req<'a>(body: &'a [u8], request_id: &'a str, api_key: Option<&'a str>) -> Request<'a> {
+        Request {
+            path: "/v1/chat/completions",
+            authority: "10.0.0.7:8000",
+            body,
+            request_id,
+            api_key,
+        }
+    }
+
+    #[test]
+    fn a_request_is_one_head_and_a_small_body() {
+        let wire = request(&req(b"{}", "req_1", Some("sk-up"))).unwrap();
+        assert_eq!(
+            wire,
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 10.0.0.7:8000\r\n\
+              content-type: application/json\r\ncontent-length: 2\r\nx-request-id: req_1\r\n\
+              authorization: Bearer sk-up\r\n\r\n{}"
+        );
+        let wire = request(&req(b"{}", "req_1", None)).unwrap();
+        assert!(wire.ends_with(b"x-request-id: req_1\r\n\r\n{}"));
+    }
+
+    #[test]
+    fn a_large_body_is_left_to_the_caller() {
+        let body = vec![b'x'; INLINE_BODY + 1];
+        let r = req(&body, "req_1", None);
+        assert!(!r.body_inline());
+        let wire = request(&r).unwrap();
+        assert!(wire.ends_with(b"content-length: 16385\r\nx-request-id: req_1\r\n\r\n"));
+        assert!(req(&body[..INLINE_BODY], "req_1", None).body_inline());
+    }
+
+    #[test]
+    fn a_value_that_would_split_the_request_is_refused() {
+        for id in ["a\r\nx-evil: 1", "a\nb", "a\0b", "a\x7fb"] {
+            assert!(request(&req(b"{}", id, None)).is_err(), "{id:?}");
+        }
+        assert!(request(&req(b"{}", "ok", Some("k\r\n"))).is_err());
+        let mut r = req(b"{}", "ok", None);
+        r.path = "/v1/chat completions";
+        assert!(request(&r).is_err());
+        // Tabs and non-ASCII bytes are allowed in field values, as in `http::HeaderValue`.
+        assert!(request(&req(b"{}", "a\tb", Some("clé"))).is_ok());
+    }
 
     fn head(text: &str) -> Head {
         let (h, n) = parse_head(text.as_bytes()).unwrap().unwrap();
