@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use quipu_core::sse::{SseDecoder, SseError};
-use quipu_fuzz::{pieces, splits, Cursor};
+use quipu_fuzz::{pieces, split_input};
 
 const CAP: usize = 4096;
 
@@ -29,10 +29,7 @@ fn decode(parts: &[&[u8]]) -> (Events, Result<(), SseError>) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let mut c = Cursor::new(data);
-    let points = splits(&mut c, data.len().saturating_sub(6));
-    let body = c.rest();
-    let points: Vec<usize> = points.into_iter().map(|p| p.min(body.len())).collect();
+    let (body, points) = split_input(data);
     let whole = decode(&[body]);
     let split = decode(&pieces(body, &points));
     // One size rule on every path: an over-long line or event fails at the same event whether

@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use quipu_core::h1::{parse_head, Body, Framing, Step};
-use quipu_fuzz::{pieces, splits, Cursor};
+use quipu_fuzz::{pieces, split_input};
 
 /// What reading a response out of `parts` gave: the final head's status and framing, the body
 /// bytes, and the error, if any (`eof` when the bytes ended before a head did).
@@ -44,7 +44,10 @@ fn read(parts: &[&[u8]]) -> Outcome {
         assert!(used <= input.len(), "consumed more than its input");
         match step {
             Step::Data(r) => {
-                assert!(r.end <= used && r.start < r.end, "data outside what was consumed");
+                assert!(
+                    r.end <= used && r.start < r.end,
+                    "data outside what was consumed"
+                );
                 out.extend_from_slice(&input[r]);
             }
             Step::End => {
@@ -64,17 +67,18 @@ fn read(parts: &[&[u8]]) -> Outcome {
     if let Framing::Length(n) = head.framing {
         assert!(out.len() as u64 <= n, "more body than Content-Length");
         if result.is_ok() {
-            assert_eq!(out.len() as u64, n, "a complete body shorter than Content-Length");
+            assert_eq!(
+                out.len() as u64,
+                n,
+                "a complete body shorter than Content-Length"
+            );
         }
     }
     (Some((head.status, head.framing)), out, result)
 }
 
 fuzz_target!(|data: &[u8]| {
-    let mut c = Cursor::new(data);
-    let points = splits(&mut c, data.len().saturating_sub(6));
-    let wire = c.rest();
-    let points: Vec<usize> = points.into_iter().map(|p| p.min(wire.len())).collect();
+    let (wire, points) = split_input(data);
     let whole = read(&[wire]);
     let split = read(&pieces(wire, &points));
     assert_eq!(whole, split, "split at {points:?} changed the outcome");

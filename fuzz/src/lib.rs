@@ -462,6 +462,16 @@ pub fn splits(c: &mut Cursor, len: usize) -> Vec<usize> {
     cut_points(&gaps, len)
 }
 
+/// An input that is split-control bytes (a count and piece lengths, as [`splits`] reads them)
+/// followed by raw bytes: the raw bytes, and the points where to cut them.
+pub fn split_input(data: &[u8]) -> (&[u8], Vec<usize>) {
+    let mut c = Cursor::new(data);
+    let points = splits(&mut c, data.len().saturating_sub(6));
+    let rest = c.rest();
+    let points = points.into_iter().map(|p| p.min(rest.len())).collect();
+    (rest, points)
+}
+
 /// The points where pieces of the lengths `gaps` (cycled) cut `len` bytes.
 pub fn cut_points(gaps: &[usize], len: usize) -> Vec<usize> {
     let mut points = Vec::new();
