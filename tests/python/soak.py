@@ -166,8 +166,16 @@ def rolling_restart(gw: Gateway, sim: Sim, archive: dict) -> None:
     sim.start()  # a fresh process: its record numbers start again
     # Back within a health interval (2 s) once any ejection (2 intervals) has run out, and the
     # gauge is recomputed at the next check: up to ~8 s by design. 10 s timed out once in CI
-    # with the soak's eight client threads on two cores, so the bound has room for a slow check.
-    wait_until(lambda: gw.metric_value("quipu_upstream_healthy", replica=sim.api_base) == 1, 30)
+    # with the soak's eight client threads on two cores, and the cause was not found, so the
+    # bound has room for a slow check — and a timeout says what the gateway saw of the replica
+    # (failed checks, or ejections renewed by traffic), for whoever meets it next.
+    try:
+        wait_until(lambda: gw.metric_value("quipu_upstream_healthy", replica=sim.api_base) == 1,
+                   30, f"replica {sim.api_base} to be healthy again")
+    except TimeoutError as e:
+        seen = [line for line in gw.process.tail(2000).splitlines()
+                if sim.api_base in line and "quipu::access" not in line]
+        raise TimeoutError(f"{e}; the gateway's log about it:\n" + "\n".join(seen[-20:])) from e
 
 
 def log(msg: str) -> None:
