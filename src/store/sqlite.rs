@@ -78,10 +78,7 @@ impl SqliteStore {
         let mut conn = Connection::open(path).map_err(|e| fail("cannot open", &e))?;
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| fail("cannot set busy_timeout", &e))?;
-        // journal_mode answers with the mode in force (`memory` for `:memory:`).
-        let _mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(|e| fail("cannot enable WAL", &e))?;
+        enable_wal(&conn).map_err(|e| fail("cannot enable WAL", &e))?;
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
             .map_err(|e| fail("cannot set pragmas", &e))?;
         migrate(&mut conn).map_err(|e| match e {
@@ -110,6 +107,29 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| StoreError::Backend(format!("sqlite database {path}: task failed: {e}")))?
+    }
+}
+
+/// `PRAGMA journal_mode = WAL`, waiting out another connection that holds the database.
+///
+/// `busy_timeout` is not enough here: switching the journal mode needs an exclusive lock on
+/// top of the read lock the pragma takes first, and while another connection holds a write
+/// lock (a second process opening the same new database and running its migrations) SQLite
+/// reports `SQLITE_BUSY` at once instead of calling the busy handler, since waiting could
+/// deadlock. Nothing is held between attempts, so retrying cannot.
+fn enable_wal(conn: &Connection) -> rusqlite::Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        // The pragma answers with the mode in force (`memory` for `:memory:`).
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
+            Err(e)
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+                    && started.elapsed() < BUSY_TIMEOUT =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other.map(drop),
+        }
     }
 }
 
