@@ -12,34 +12,38 @@
 
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::keys::{constant_time_eq, hash_secret};
-use crate::proxy::meters::TenantMeters;
-use crate::ratelimit::RateCounters;
+use crate::metrics::TenantMeters;
+use crate::ratelimit::{RateCounters, Windows};
 use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
 use arc_swap::ArcSwap;
 use http::HeaderMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Who is calling: the key and its tenant.
+/// Who is calling: the key, its tenant, and the key's own limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub key_id: String,
     pub tenant_id: TenantId,
     pub tenant_name: String,
     pub limits: KeyLimits,
-    /// The tenant's billing counters, resolved once per model (see `proxy::meters`).
+}
+
+/// An authenticated caller, as the key snapshot holds it: who it is, and the state kept per
+/// key that the request path needs without a lookup — its rate-limit windows (carried over when
+/// the snapshot is rebuilt) and its tenant's resolved billing counters.
+#[derive(Debug)]
+pub struct Caller {
+    pub principal: Principal,
+    pub windows: Windows,
     pub meters: TenantMeters,
-    /// This key's rate-limit windows, and its tenant's (shared by the tenant's keys); carried
-    /// over when the snapshot is rebuilt.
-    pub key_rates: Arc<RateCounters>,
-    pub tenant_rates: Arc<RateCounters>,
     secret_hash: [u8; 32],
 }
 
 #[derive(Default)]
 struct Snapshot {
     version: i64,
-    keys: HashMap<[u8; 32], Arc<Principal>>,
+    keys: HashMap<[u8; 32], Arc<Caller>>,
 }
 
 /// The in-memory key table. Cheap to read from any thread.
@@ -73,9 +77,9 @@ impl KeySnapshot {
         let old = self.current.load();
         let mut key_rates: HashMap<&str, Arc<RateCounters>> = HashMap::new();
         let mut tenant_rates: HashMap<TenantId, Arc<RateCounters>> = HashMap::new();
-        for p in old.keys.values() {
-            key_rates.insert(p.key_id.as_str(), p.key_rates.clone());
-            tenant_rates.insert(p.tenant_id, p.tenant_rates.clone());
+        for c in old.keys.values() {
+            key_rates.insert(c.principal.key_id.as_str(), c.windows.key.clone());
+            tenant_rates.insert(c.principal.tenant_id, c.windows.tenant.clone());
         }
         let keys = keys
             .into_iter()
@@ -87,14 +91,15 @@ impl KeySnapshot {
                 let tenant = tenant_rates.entry(k.tenant_id).or_default().clone();
                 (
                     k.secret_hash,
-                    Arc::new(Principal {
-                        key_id: k.key_id,
-                        tenant_id: k.tenant_id,
-                        tenant_name: k.tenant_name,
-                        limits: k.limits,
+                    Arc::new(Caller {
+                        principal: Principal {
+                            key_id: k.key_id,
+                            tenant_id: k.tenant_id,
+                            tenant_name: k.tenant_name,
+                            limits: k.limits,
+                        },
+                        windows: Windows { key, tenant },
                         meters: TenantMeters::new(self.models),
-                        key_rates: key,
-                        tenant_rates: tenant,
                         secret_hash: k.secret_hash,
                     }),
                 )
@@ -122,8 +127,8 @@ impl KeySnapshot {
         self.len() == 0
     }
 
-    /// The principal a secret belongs to, if it is an active key.
-    pub fn lookup(&self, secret: &str) -> Option<Arc<Principal>> {
+    /// The caller a secret belongs to, if it is an active key.
+    pub fn lookup(&self, secret: &str) -> Option<Arc<Caller>> {
         let digest = hash_secret(secret);
         let snap = self.current.load();
         let p = snap.keys.get(&digest)?;
@@ -143,7 +148,7 @@ impl KeySnapshot {
         &self,
         headers: &HeaderMap,
         format: ClientFormat,
-    ) -> Result<Arc<Principal>, ApiError> {
+    ) -> Result<Arc<Caller>, ApiError> {
         let deny = |m: &str| ApiError::new(ErrorKind::Authentication, m);
         let (bearer, malformed_bearer) = match bearer_token(headers) {
             Bearer::Token(t) => (Some(t), false),
@@ -151,8 +156,13 @@ impl KeySnapshot {
             Bearer::Malformed => (None, true),
             Bearer::Repeated => return Err(deny("send one Authorization header, not several")),
         };
+        // Which formats' SDKs send `x-api-key`.
+        let reads_x_api_key = match format {
+            ClientFormat::Messages => true,
+            ClientFormat::Chat => false,
+        };
         let mut api_key: Option<&str> = None;
-        if format == ClientFormat::Messages {
+        if reads_x_api_key {
             let mut values = headers.get_all("x-api-key").iter();
             if let Some(v) = values.next() {
                 if values.next().is_some() {
@@ -255,14 +265,14 @@ mod tests {
                 ClientFormat::Chat,
             )
             .unwrap();
-        assert_eq!(p.key_id, "key_1");
+        assert_eq!(p.principal.key_id, "key_1");
         let p = s
             .authenticate(
                 &headers(&[("x-api-key", "sk-qp-other")]),
                 ClientFormat::Messages,
             )
             .unwrap();
-        assert_eq!(p.tenant_id, 2);
+        assert_eq!(p.principal.tenant_id, 2);
         // Chat does not take x-api-key.
         assert!(s
             .authenticate(
@@ -275,7 +285,10 @@ mod tests {
     #[test]
     fn either_header_may_carry_the_key() {
         let s = snapshot();
-        let key = |h: &[(&str, &str)], f| s.authenticate(&headers(h), f).map(|p| p.key_id.clone());
+        let key = |h: &[(&str, &str)], f| {
+            s.authenticate(&headers(h), f)
+                .map(|p| p.principal.key_id.clone())
+        };
         let m = ClientFormat::Messages;
         // Both the same key.
         let same = [
@@ -346,6 +359,41 @@ mod tests {
             let e = s.authenticate(&h, ClientFormat::Chat).unwrap_err();
             assert_eq!(e.kind, ErrorKind::Authentication);
         }
+    }
+
+    #[test]
+    fn rate_windows_survive_a_snapshot_rebuild() {
+        use crate::config::Limits;
+        use crate::ratelimit::RateLimiter;
+        let limits = KeyLimits {
+            requests_per_minute: Some(2),
+            tokens_per_minute: None,
+        };
+        let active = |secret: &str, id: &str, tenant: i64| ActiveKey {
+            secret_hash: hash_secret(secret),
+            key_id: id.into(),
+            tenant_id: tenant,
+            tenant_name: format!("t{tenant}"),
+            limits,
+        };
+        let s = KeySnapshot::default();
+        s.install(1, vec![active("sk-qp-0", "key_0", 0)]);
+        let rl = RateLimiter::new(Limits::default());
+        let c = s.lookup("sk-qp-0").unwrap();
+        assert!(rl.admit(&limits, &c.windows).is_ok() && rl.admit(&limits, &c.windows).is_ok());
+        // Another key is created somewhere: the snapshot is rebuilt.
+        s.install(
+            2,
+            vec![
+                active("sk-qp-0", "key_0", 0),
+                active("sk-qp-new", "key_new", 9),
+            ],
+        );
+        let c = s.lookup("sk-qp-0").unwrap();
+        assert!(
+            rl.admit(&limits, &c.windows).is_err(),
+            "the window's count was kept"
+        );
     }
 
     #[test]

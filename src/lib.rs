@@ -8,12 +8,15 @@
 //! translate + meter → settle + record. Protocol work is pure (`sse`, `usage`, `translate`);
 //! I/O lives at the edges (`proxy`, `store`).
 
-pub use quipu_core::{ascii, config, error, h1, money, protocol, sse, translate, usage};
+pub use quipu_core::{
+    ascii, config, error, h1, money, protocol, route, sse, translate, upstream_profile, usage,
+};
 
 pub mod admin;
 pub mod auth;
 pub mod billing;
 pub mod catalog;
+pub mod http;
 pub mod keys;
 pub mod logger;
 pub mod metrics;

@@ -1,7 +1,7 @@
 //! Requests-per-minute and tokens-per-minute limits, per key and per tenant.
 //!
-//! Counts are exact: each key and each tenant has its own [`RateCounters`], held by its
-//! [`Principal`] (the key snapshot carries them over when it is rebuilt), so there is no shared
+//! Counts are exact: each key and each tenant has its own [`RateCounters`], held in the key
+//! snapshot's [`Windows`] of each key (`auth` carries them over when it rebuilds the snapshot), so there is no shared
 //! table to collide in — a sketch shared by thousands of keys over-counts and refuses keys under
 //! their limit. Each count is one atomic word holding the window's number and the count,
 //! updated by compare-and-swap: lock-free, exact across worker threads, and a request is only
@@ -21,9 +21,10 @@
 //! key, which over-counts on hash collisions — a key under its limit can be refused because of
 //! another tenant's traffic. Limits here are per key and per tenant, and must be exact.
 
-use crate::auth::Principal;
 use crate::config::Limits;
+use crate::store::KeyLimits;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const WINDOW: Duration = Duration::from_secs(60);
@@ -117,28 +118,40 @@ pub struct RateCounters {
     tokens: WindowCount,
 }
 
-/// State, not identity: takes no part in a principal's equality.
-impl PartialEq for RateCounters {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for RateCounters {}
-
 impl std::fmt::Debug for RateCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RateCounters")
     }
 }
 
+/// The windows a request counts in: its key's, and its tenant's (shared by the tenant's keys).
+#[derive(Debug, Default, Clone)]
+pub struct Windows {
+    pub key: Arc<RateCounters>,
+    pub tenant: Arc<RateCounters>,
+}
+
+/// Whose limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum Scope {
+    Key,
+    Tenant,
+}
+
 /// Which limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum Limit {
+    Requests,
+    Tokens,
+}
+
+/// Which limit refused a request, and when to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limited {
-    /// `key` or `tenant`.
-    pub scope: &'static str,
-    /// `requests` or `tokens`.
-    pub limit: &'static str,
+    pub scope: Scope,
+    pub limit: Limit,
     /// Seconds until the window ends (at least 1).
     pub retry_after: u64,
 }
@@ -165,21 +178,21 @@ impl RateLimiter {
         (window, left)
     }
 
-    fn key_limits(&self, p: &Principal) -> (u64, u64) {
+    fn key_limits(&self, limits: &KeyLimits) -> (u64, u64) {
         (
-            p.limits
+            limits
                 .requests_per_minute
                 .unwrap_or(self.defaults.key_requests_per_minute),
-            p.limits
+            limits
                 .tokens_per_minute
                 .unwrap_or(self.defaults.key_tokens_per_minute),
         )
     }
 
     /// Counts a request against its key and tenant; refuses it if a limit is reached (a refused
-    /// request is not counted).
-    pub fn admit(&self, p: &Principal) -> Result<(), Limited> {
-        let (key_rpm, key_tpm) = self.key_limits(p);
+    /// request is not counted). `limits` are the key's own (the defaults fill what it lacks).
+    pub fn admit(&self, limits: &KeyLimits, w: &Windows) -> Result<(), Limited> {
+        let (key_rpm, key_tpm) = self.key_limits(limits);
         let tenant_rpm = self.defaults.tenant_requests_per_minute;
         let tenant_tpm = self.defaults.tenant_tokens_per_minute;
         let (window, retry_after) = self.window();
@@ -191,43 +204,38 @@ impl RateLimiter {
             })
         };
         // Token windows first: they do not count this request.
-        if key_tpm > 0 && p.key_rates.tokens.get(window) >= key_tpm {
-            return refuse("key", "tokens");
+        if key_tpm > 0 && w.key.tokens.get(window) >= key_tpm {
+            return refuse(Scope::Key, Limit::Tokens);
         }
-        if tenant_tpm > 0 && p.tenant_rates.tokens.get(window) >= tenant_tpm {
-            return refuse("tenant", "tokens");
+        if tenant_tpm > 0 && w.tenant.tokens.get(window) >= tenant_tpm {
+            return refuse(Scope::Tenant, Limit::Tokens);
         }
         let key_counted = if key_rpm > 0 {
-            match p.key_rates.requests.try_add(window, 1, key_rpm) {
-                Some(w) => Some(w),
-                None => return refuse("key", "requests"),
+            match w.key.requests.try_add(window, 1, key_rpm) {
+                Some(counted) => Some(counted),
+                None => return refuse(Scope::Key, Limit::Requests),
             }
         } else {
             None
         };
-        if tenant_rpm > 0
-            && p.tenant_rates
-                .requests
-                .try_add(window, 1, tenant_rpm)
-                .is_none()
-        {
-            if let Some(w) = key_counted {
-                p.key_rates.requests.undo(w, 1);
+        if tenant_rpm > 0 && w.tenant.requests.try_add(window, 1, tenant_rpm).is_none() {
+            if let Some(counted) = key_counted {
+                w.key.requests.undo(counted, 1);
             }
-            return refuse("tenant", "requests");
+            return refuse(Scope::Tenant, Limit::Requests);
         }
         Ok(())
     }
 
     /// Adds a finished request's tokens to its key's and tenant's windows.
-    pub fn consumed(&self, p: &Principal, tokens: u64) {
+    pub fn consumed(&self, limits: &KeyLimits, w: &Windows, tokens: u64) {
         let (window, _) = self.window();
-        let (_, key_tpm) = self.key_limits(p);
+        let (_, key_tpm) = self.key_limits(limits);
         if key_tpm > 0 {
-            p.key_rates.tokens.add(window, tokens);
+            w.key.tokens.add(window, tokens);
         }
         if self.defaults.tenant_tokens_per_minute > 0 {
-            p.tenant_rates.tokens.add(window, tokens);
+            w.tenant.tokens.add(window, tokens);
         }
     }
 }
@@ -235,10 +243,6 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::KeySnapshot;
-    use crate::keys::hash_secret;
-    use crate::store::{ActiveKey, KeyLimits};
-    use std::sync::Arc;
 
     #[test]
     fn a_window_count_is_exact_and_resets_with_the_window() {
@@ -284,91 +288,58 @@ mod tests {
         assert_eq!(c.get(3), 50_000);
     }
 
-    fn keys(n: usize, rpm: u64) -> KeySnapshot {
-        let s = KeySnapshot::default();
-        s.install(
-            1,
-            (0..n)
-                .map(|i| ActiveKey {
-                    secret_hash: hash_secret(&format!("sk-qp-{i}")),
-                    key_id: format!("key_{i}"),
-                    tenant_id: i as i64,
-                    tenant_name: format!("t{i}"),
-                    limits: KeyLimits {
-                        requests_per_minute: Some(rpm),
-                        tokens_per_minute: None,
-                    },
-                })
-                .collect(),
-        );
-        s
+    fn rpm(n: u64) -> KeyLimits {
+        KeyLimits {
+            requests_per_minute: Some(n),
+            tokens_per_minute: None,
+        }
     }
 
     #[test]
     fn thousands_of_keys_get_exactly_their_limit() {
         // Every key at its limit: a shared sketch would refuse some of them early.
-        let s = keys(20_000, 3);
+        let keys: Vec<Windows> = (0..20_000).map(|_| Windows::default()).collect();
         let rl = RateLimiter::new(Limits::default());
-        for i in 0..20_000 {
-            let p = s.lookup(&format!("sk-qp-{i}")).unwrap();
+        for (i, w) in keys.iter().enumerate() {
             for _ in 0..3 {
-                assert_eq!(rl.admit(&p), Ok(()), "key {i} refused under its limit");
+                assert_eq!(
+                    rl.admit(&rpm(3), w),
+                    Ok(()),
+                    "key {i} refused under its limit"
+                );
             }
         }
-        for i in (0..20_000).step_by(997) {
-            let p = s.lookup(&format!("sk-qp-{i}")).unwrap();
-            let e = rl.admit(&p).unwrap_err();
-            assert_eq!((e.scope, e.limit), ("key", "requests"));
+        for w in keys.iter().step_by(997) {
+            let e = rl.admit(&rpm(3), w).unwrap_err();
+            assert_eq!((e.scope, e.limit), (Scope::Key, Limit::Requests));
             assert!((1..=60).contains(&e.retry_after));
         }
     }
 
     #[test]
     fn tenant_and_token_limits() {
-        let s = keys(2, 0);
         let rl = RateLimiter::new(Limits {
             tenant_requests_per_minute: 2,
             tenant_tokens_per_minute: 100,
             key_tokens_per_minute: 50,
             ..Limits::default()
         });
-        let p = s.lookup("sk-qp-0").unwrap();
-        let q = s.lookup("sk-qp-1").unwrap();
-        assert!(rl.admit(&p).is_ok() && rl.admit(&p).is_ok());
-        let e = rl.admit(&p).unwrap_err();
-        assert_eq!((e.scope, e.limit), ("tenant", "requests"));
-        assert!(rl.admit(&q).is_ok(), "another tenant is unaffected");
-        rl.consumed(&q, 50);
-        let e = rl.admit(&q).unwrap_err();
-        assert_eq!((e.scope, e.limit), ("key", "tokens"));
-    }
-
-    #[test]
-    fn counts_survive_a_snapshot_rebuild() {
-        let s = keys(1, 2);
-        let rl = RateLimiter::new(Limits::default());
-        let p = s.lookup("sk-qp-0").unwrap();
-        assert!(rl.admit(&p).is_ok() && rl.admit(&p).is_ok());
-        // Another key is created somewhere: the snapshot is rebuilt.
-        let mut more: Vec<ActiveKey> = vec![ActiveKey {
-            secret_hash: hash_secret("sk-qp-0"),
-            key_id: "key_0".into(),
-            tenant_id: 0,
-            tenant_name: "t0".into(),
-            limits: KeyLimits {
-                requests_per_minute: Some(2),
-                tokens_per_minute: None,
-            },
-        }];
-        more.push(ActiveKey {
-            secret_hash: hash_secret("sk-qp-new"),
-            key_id: "key_new".into(),
-            tenant_id: 9,
-            tenant_name: "t9".into(),
-            limits: KeyLimits::default(),
-        });
-        s.install(2, more);
-        let p = s.lookup("sk-qp-0").unwrap();
-        assert!(rl.admit(&p).is_err(), "the window's count was kept");
+        let none = KeyLimits::default();
+        let p = Windows::default();
+        let q = Windows::default();
+        assert!(rl.admit(&none, &p).is_ok() && rl.admit(&none, &p).is_ok());
+        let e = rl.admit(&none, &p).unwrap_err();
+        assert_eq!((e.scope, e.limit), (Scope::Tenant, Limit::Requests));
+        assert!(rl.admit(&none, &q).is_ok(), "another tenant is unaffected");
+        rl.consumed(&none, &q, 50);
+        let e = rl.admit(&none, &q).unwrap_err();
+        assert_eq!((e.scope, e.limit), (Scope::Key, Limit::Tokens));
+        // Two keys of one tenant share its window.
+        let shared = Windows {
+            key: Arc::default(),
+            tenant: p.tenant.clone(),
+        };
+        let e = rl.admit(&none, &shared).unwrap_err();
+        assert_eq!(e.scope, Scope::Tenant);
     }
 }

@@ -8,7 +8,7 @@
 //! Shutdown: on SIGTERM (and at the end of a graceful upgrade, SIGQUIT) pingora stops
 //! accepting; connections waiting for a request are closed and started requests — every route,
 //! even one whose head is still arriving — are served with `Connection: close` (see
-//! [`crate::proxy::conn`]). Once no connection has been open for a short quiet period (at most
+//! [`crate::http::server`]). Once no connection has been open for a short quiet period (at most
 //! the configured grace period), every request has settled and queued its ledger row: Quipu then
 //! stops the ledger writer, which writes what is queued (with the store unreachable, it retries
 //! for `store.shutdown_flush_timeout_s`, then writes the rest to a spill file for `quipu ledger
@@ -24,9 +24,9 @@ use crate::auth::KeySnapshot;
 use crate::billing::{ledger, Accounts};
 use crate::catalog::Catalog;
 use crate::config::{redact_url, Config};
+use crate::http::{ConnLimits, Frontend, Lifecycle};
 use crate::metrics::m;
-use crate::proxy::conn::{ConnLimits, Frontend, Lifecycle};
-use crate::proxy::meters::Meters;
+use crate::metrics::Meters;
 use crate::proxy::Gateway;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;

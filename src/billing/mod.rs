@@ -1,6 +1,8 @@
-//! Money on the request path: admission by reservation ([`accounts`]) and the ledger writer
-//! ([`ledger`]), which at a shutdown with the store unreachable writes what it could not store to
-//! a spill file ([`spill`]). Prices and the exact money type live in [`crate::money`]; durable state in
+//! Money on the request path. The policy — what a request reserves, what it is charged, price
+//! rules — is pure and lives in the core ([`policy`], re-exported here); this module holds the
+//! state: admission by reservation against leased balance ([`accounts`]) and the ledger writer
+//! ([`ledger`]), which at a shutdown with the store unreachable writes what it could not store
+//! to a spill file ([`spill`]). The exact money type is [`crate::money`]; durable state is in
 //! [`crate::store`].
 
 pub mod accounts;
@@ -9,3 +11,4 @@ pub mod spill;
 
 pub use accounts::{Accounts, Refusal, Reservation};
 pub use ledger::{LedgerHandle, LedgerWriter};
+pub use quipu_core::billing as policy;

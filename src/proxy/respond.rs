@@ -4,7 +4,6 @@
 //! `request-id` (what the Anthropic SDK reads). Responses written here bypass pingora's
 //! response filters, so these headers are added here and nowhere else.
 
-use super::RequestCtx;
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use bytes::Bytes;
 use http::HeaderValue;
@@ -12,11 +11,11 @@ use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::OrErr;
 
-fn base_header(status: u16, ctx: &RequestCtx, more: usize) -> pingora::Result<ResponseHeader> {
+fn base_header(status: u16, request_id: &str, more: usize) -> pingora::Result<ResponseHeader> {
     // No case map: header names go out lowercase, which HTTP/1.1 allows and saves a second
     // header map per response.
     let mut h = ResponseHeader::build_no_case(status, Some(2 + more))?;
-    let id = HeaderValue::from_str(&ctx.request_id).or_err(
+    let id = HeaderValue::from_str(request_id).or_err(
         pingora::ErrorType::InternalError,
         "request id is not a header value",
     )?;
@@ -28,34 +27,40 @@ fn base_header(status: u16, ctx: &RequestCtx, more: usize) -> pingora::Result<Re
 /// Writes a complete JSON response.
 pub async fn json(
     session: &mut ServerSession,
-    ctx: &mut RequestCtx,
+    request_id: &str,
     status: u16,
     body: Bytes,
 ) -> pingora::Result<()> {
-    write_json(session, ctx, status, body, None).await
+    write_json(session, request_id, status, body, None).await
 }
 
 /// Writes an error in the client's format with its status, plus `retry-after` and
 /// `x-should-retry` when its kind has them.
 pub async fn error(
     session: &mut ServerSession,
-    ctx: &mut RequestCtx,
+    request_id: &str,
     format: ClientFormat,
     err: &ApiError,
 ) -> pingora::Result<()> {
-    ctx.error = Some(err.kind.label());
-    let body = err.body(format, &ctx.request_id);
-    write_json(session, ctx, err.status(format), body, Some(&err.kind)).await
+    let body = err.body(format, request_id);
+    write_json(
+        session,
+        request_id,
+        err.status(format),
+        body,
+        Some(&err.kind),
+    )
+    .await
 }
 
 async fn write_json(
     session: &mut ServerSession,
-    ctx: &mut RequestCtx,
+    request_id: &str,
     status: u16,
     body: Bytes,
     error: Option<&ErrorKind>,
 ) -> pingora::Result<()> {
-    let mut h = base_header(status, ctx, 4)?;
+    let mut h = base_header(status, request_id, 4)?;
     h.insert_header("content-type", HeaderValue::from_static("application/json"))?;
     h.insert_header("content-length", HeaderValue::from(body.len()))?;
     if let Some(kind) = error {
@@ -66,7 +71,6 @@ async fn write_json(
             h.insert_header("x-should-retry", HeaderValue::from_static("false"))?;
         }
     }
-    ctx.status = status;
     let head_only = session.req_header().method == http::Method::HEAD;
     session.write_response_header(Box::new(h)).await?;
     if !head_only {
@@ -76,11 +80,8 @@ async fn write_json(
 }
 
 /// Commits a `200` event stream: chunked, not cached, not buffered by intermediaries.
-pub async fn stream_header(
-    session: &mut ServerSession,
-    ctx: &mut RequestCtx,
-) -> pingora::Result<()> {
-    let mut h = base_header(200, ctx, 4)?;
+pub async fn stream_header(session: &mut ServerSession, request_id: &str) -> pingora::Result<()> {
+    let mut h = base_header(200, request_id, 4)?;
     h.insert_header(
         "content-type",
         HeaderValue::from_static("text/event-stream; charset=utf-8"),
@@ -89,6 +90,5 @@ pub async fn stream_header(
     h.insert_header("x-accel-buffering", HeaderValue::from_static("no"))?;
     // Without an explicit chunked encoding pingora would fall back to close-delimited framing.
     h.insert_header("transfer-encoding", HeaderValue::from_static("chunked"))?;
-    ctx.status = 200;
     session.write_response_header(Box::new(h)).await
 }

@@ -1,7 +1,6 @@
-//! The upstream side: replica pools and selection ([`pool`]) and the HTTP exchange with one
-//! replica ([`client`], with its response framing in [`crate::h1`]).
+//! The upstream side: replica pools, health and selection ([`pool`]). The HTTP exchange with
+//! one replica is the transport layer's ([`crate::http::client`]).
 
-pub mod client;
 pub mod pool;
 
 pub use pool::{block_hashes, ModelPool, ReplicaGuard};

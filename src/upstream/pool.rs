@@ -25,6 +25,7 @@
 
 use crate::config::{Model, Replica, Routing};
 use crate::metrics::m;
+use crate::upstream_profile::Server;
 use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
 use pingora::lb::selection::RoundRobin;
 use pingora::lb::{Backend, Backends, LoadBalancer};
@@ -50,6 +51,8 @@ pub struct ReplicaState {
     /// This replica's metric children, resolved once so picks do no label lookups.
     in_flight_gauge: IntGauge,
     selected: [OnceLock<IntCounter>; Pick::COUNT],
+    /// The server it runs, once detected (see `upstream_profile`).
+    server: OnceLock<Server>,
 }
 
 /// The replicas of one model.
@@ -315,6 +318,7 @@ impl ModelPool {
                     consecutive_failures: AtomicU32::new(0),
                     in_flight_gauge,
                     selected: Default::default(),
+                    server: OnceLock::new(),
                 }
             })
             .collect();
@@ -330,6 +334,20 @@ impl ModelPool {
             affinity: (0..AFFINITY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             affinity_outcomes: Default::default(),
         })
+    }
+
+    /// The server replica `i` runs, if it has been detected.
+    pub fn detected_server(&self, i: usize) -> Option<Server> {
+        self.replicas.get(i)?.server.get().copied()
+    }
+
+    /// Records the server replica `i` runs (the first detection stays).
+    pub fn set_detected_server(&self, i: usize, server: Server) {
+        if let Some(r) = self.replicas.get(i) {
+            if r.server.set(server).is_ok() {
+                log::info!("replica {} of {} runs {server}", r.replica.url, self.slug);
+            }
+        }
     }
 
     /// The pingora load balancer, to run its health checks as a background service.

@@ -219,8 +219,8 @@ def exposition_families(text: str) -> dict[str, str]:
 
 
 def defined_families(metrics_rs: pathlib.Path) -> set[str]:
-    """Metric names declared in src/metrics.rs: the first argument of each constructor."""
-    ctor = r"\b(?:hist|counter|gauge_vec|Opts::new|HistogramOpts::new|IntGauge::new|IntCounter::new|Gauge::new)\(\s*"
+    """Metric names declared in src/metrics/mod.rs: the first argument of each constructor."""
+    ctor = r"\b(?:hist|counter|float_counter|gauge_vec|Opts::new|HistogramOpts::new|IntGauge::new|IntCounter::new|Gauge::new)\(\s*"
     return set(re.findall(ctor + r'"([a-zA-Z_:][a-zA-Z0-9_:]*)"', metrics_rs.read_text()))
 
 

@@ -241,11 +241,11 @@ def test_promtool_check_metrics_is_clean(live):
 
 
 def test_every_defined_family_is_exported_after_the_traffic(live):
-    defined = obs.defined_families(ROOT / "src" / "metrics.rs")
+    defined = obs.defined_families(ROOT / "src" / "metrics" / "mod.rs")
     exported = set(obs.exposition_families(live.exposition))
     assert len(defined) >= 20, defined
-    assert not defined - exported, f"defined in src/metrics.rs but not in the scrape: {sorted(defined - exported)}"
-    assert not exported - defined, f"in the scrape but not found in src/metrics.rs: {sorted(exported - defined)}"
+    assert not defined - exported, f"defined in src/metrics/mod.rs but not in the scrape: {sorted(defined - exported)}"
+    assert not exported - defined, f"in the scrape but not found in src/metrics/mod.rs: {sorted(exported - defined)}"
 
 
 def test_every_dashboard_metric_exists_in_the_scrape(live):
@@ -274,7 +274,7 @@ def _uncharted() -> dict[str, str]:
 
 
 def test_every_family_is_charted_or_listed_as_uncharted(live):
-    exported = set(obs.exposition_families(live.exposition)) | obs.defined_families(ROOT / "src" / "metrics.rs")
+    exported = set(obs.exposition_families(live.exposition)) | obs.defined_families(ROOT / "src" / "metrics" / "mod.rs")
     charted = {obs.family_of(n) for _, _, _, e in obs.panel_targets(obs.load_dashboards()) for n in obs.metric_names(e)}
     uncharted = _uncharted()
     neither = sorted(exported - charted - set(uncharted))
@@ -549,7 +549,7 @@ def test_dockerfile():
 
 def test_docs_describe_every_metric():
     doc = (ROOT / "docs" / "observability.md").read_text()
-    missing = sorted(f for f in obs.defined_families(ROOT / "src" / "metrics.rs") if f"`{f}`" not in doc)
+    missing = sorted(f for f in obs.defined_families(ROOT / "src" / "metrics" / "mod.rs") if f"`{f}`" not in doc)
     assert not missing, f"docs/observability.md does not describe: {missing}"
     for name, d in obs.load_dashboards().items():
         for panel in obs.panels(d):

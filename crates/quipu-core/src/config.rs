@@ -16,7 +16,8 @@
 //! resolves names on the request path). So `--check`, the CLI's store commands, tests and the
 //! `config_parse` fuzz target never touch DNS.
 
-use crate::money::{Pen, Prices, Rate, AMOUNT_DECIMALS};
+use crate::billing::Prices;
+use crate::money::{Pen, Rate, AMOUNT_DECIMALS};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;

@@ -25,7 +25,12 @@ use bytes::Bytes;
 use std::fmt;
 
 /// The wire format a client speaks; decides how errors and streams are rendered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// Code that treats formats differently `match`es on it exhaustively (never `==`), so a new
+/// format makes the compiler list every place that must decide what it does; tables indexed by
+/// format are sized by [`ClientFormat::COUNT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::EnumCount, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ClientFormat {
     /// OpenAI chat completions (`POST /v1/chat/completions`).
     Chat,
@@ -36,10 +41,15 @@ pub enum ClientFormat {
 impl ClientFormat {
     /// Stable label for logs, metrics and the ledger.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ClientFormat::Chat => "chat",
-            ClientFormat::Messages => "messages",
-        }
+        self.into()
+    }
+
+    /// Number of formats, derived from the variants.
+    pub const COUNT: usize = <ClientFormat as strum::EnumCount>::COUNT;
+
+    /// Index into tables of [`ClientFormat::COUNT`] entries.
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 

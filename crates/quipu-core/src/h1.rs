@@ -18,6 +18,7 @@ const MAX_LINE: usize = 4096;
 /// What goes into an upstream request (always a `POST` of JSON).
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
+    pub method: Method,
     /// The request target, e.g. `/v1/chat/completions`.
     pub path: &'a str,
     /// The `Host` header.
@@ -27,6 +28,14 @@ pub struct Request<'a> {
     pub request_id: &'a str,
     /// Sent as `Authorization: Bearer`.
     pub api_key: Option<&'a str>,
+}
+
+/// The methods Quipu sends upstream: `POST` with a JSON body (completions, tokenizers), `GET`
+/// without one (what a server is: `/v1/models`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Post,
 }
 
 /// Request bodies up to this size are copied behind the head and sent in the same write: a
@@ -63,12 +72,20 @@ pub fn request(r: &Request<'_>) -> Result<Vec<u8>, String> {
     let inline = r.body_inline();
     let body_room = if inline { r.body.len() } else { 0 };
     let mut w = Vec::with_capacity(192 + r.path.len() + r.request_id.len() + body_room);
-    w.extend_from_slice(b"POST ");
+    w.extend_from_slice(match r.method {
+        Method::Get => b"GET ",
+        Method::Post => b"POST ",
+    });
     w.extend_from_slice(r.path.as_bytes());
     w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     w.extend_from_slice(r.authority.as_bytes());
-    w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-    crate::ascii::push_u64(&mut w, r.body.len() as u64);
+    match r.method {
+        Method::Get => {}
+        Method::Post => {
+            w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+            crate::ascii::push_u64(&mut w, r.body.len() as u64);
+        }
+    }
     w.extend_from_slice(b"\r\nx-request-id: ");
     w.extend_from_slice(r.request_id.as_bytes());
     if let Some(key) = r.api_key {
@@ -376,6 +393,7 @@ mod tests {
 
     fn req<'a>(body: &'a [u8], request_id: &'a str, api_key: Option<&'a str>) -> Request<'a> {
         Request {
+            method: Method::Post,
             path: "/v1/chat/completions",
             authority: "10.0.0.7:8000",
             body,
@@ -395,6 +413,18 @@ mod tests {
         );
         let wire = request(&req(b"{}", "req_1", None)).unwrap();
         assert!(wire.ends_with(b"x-request-id: req_1\r\n\r\n{}"));
+    }
+
+    #[test]
+    fn a_get_has_no_body_headers() {
+        let mut r = req(b"", "req_2", Some("sk-up"));
+        r.method = Method::Get;
+        r.path = "/v1/models";
+        assert_eq!(
+            request(&r).unwrap(),
+            b"GET /v1/models HTTP/1.1\r\nhost: 10.0.0.7:8000\r\nx-request-id: req_2\r\n\
+              authorization: Bearer sk-up\r\n\r\n"
+        );
     }
 
     #[test]

@@ -2,12 +2,15 @@
 //!
 //! - [`config`]: the validated configuration (`conf/quipu.toml`).
 //! - [`error`]: one client-visible error type, rendered in either client format.
-//! - [`money`]: exact amounts in soles (pico-soles in an `i128`), rates, charges.
+//! - [`money`]: exact amounts in soles (pico-soles in an `i128`) and rates.
+//! - [`billing`]: billing policy — what a request reserves, how it settles, price rules.
 //! - [`usage`]: token usage and where each protocol's fields come from.
 //! - [`sse`]: the incremental Server-Sent Events decoder and encoders.
 //! - [`h1`]: HTTP/1.1 response framing for the upstream client (head, chunked bodies).
 //! - [`protocol`]: serde wire types.
+//! - [`route`]: the table of endpoints (method and path → route).
 //! - [`translate`]: the pure translators between the client formats and the upstream.
+//! - [`upstream_profile`]: what differs between vLLM, SGLang and llama.cpp, one module each.
 //!
 //! A separate crate so that fuzzing, benchmarking and testing the translators does not build
 //! the proxy (pingora) at all.
@@ -17,11 +20,14 @@
 #![forbid(unsafe_code)]
 
 pub mod ascii;
+pub mod billing;
 pub mod config;
 pub mod error;
 pub mod h1;
 pub mod money;
 pub mod protocol;
+pub mod route;
 pub mod sse;
 pub mod translate;
+pub mod upstream_profile;
 pub mod usage;

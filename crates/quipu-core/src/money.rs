@@ -283,27 +283,6 @@ impl Rate {
     }
 }
 
-/// The three rates of one model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Prices {
-    pub input: Rate,
-    pub cached: Rate,
-    pub output: Rate,
-}
-
-impl Prices {
-    /// uncached input × input rate + cached × cache rate + output × output rate.
-    pub fn charge(&self, uncached_input: u64, cached_input: u64, output: u64) -> Pen {
-        self.input.cost(uncached_input) + self.cached.cost(cached_input) + self.output.cost(output)
-    }
-
-    /// The most `input_tokens` (cached or not) plus `output_tokens` can cost.
-    pub fn worst_case(&self, input_tokens: u64, output_tokens: u64) -> Pen {
-        let input_rate = self.input.max(self.cached);
-        input_rate.cost(input_tokens) + self.output.cost(output_tokens)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,13 +346,7 @@ mod tests {
             top.cost(u64::MAX).picos(),
             i128::from(u64::MAX) * 1_000_000_000_000
         );
-        let p = Prices {
-            input: top,
-            cached: top,
-            output: top,
-        };
-        assert!(p.charge(u64::MAX, u64::MAX, u64::MAX) > Pen::ZERO);
-        assert!(p.worst_case(u64::MAX, u64::MAX) > Pen::ZERO);
+        assert!(top.cost(u64::MAX) + top.cost(u64::MAX) > Pen::ZERO);
     }
 
     #[test]
@@ -396,19 +369,6 @@ mod tests {
             (Pen::from_picos(i128::MAX) + Pen::from_picos(1)).picos(),
             i128::MAX
         );
-    }
-
-    #[test]
-    fn charge_formula() {
-        let p = Prices {
-            input: Rate::parse("2.00").unwrap(),
-            cached: Rate::parse("0.50").unwrap(),
-            output: Rate::parse("8.00").unwrap(),
-        };
-        // 1M uncached = 2, 2M cached = 1, 0.5M out = 4
-        let c = p.charge(1_000_000, 2_000_000, 500_000);
-        assert_eq!(c, Pen::from_centimos(700));
-        assert_eq!(p.worst_case(1_000_000, 1_000_000), Pen::from_centimos(1000));
     }
 
     #[test]

@@ -58,13 +58,9 @@ pub struct PromptTokensDetails {
     pub cached_tokens: Option<u64>,
 }
 
-/// llama.cpp's `timings` object (only `cache_n` matters: older builds report cached tokens
-/// nowhere else).
-#[derive(Debug, Default, Deserialize)]
-pub struct UpstreamTimings {
-    #[serde(default)]
-    pub cache_n: Option<u64>,
-}
+/// llama.cpp's `timings` object, the cached-token fallback of its older builds (its home is
+/// [`crate::upstream_profile::llamacpp`]).
+pub use crate::upstream_profile::llamacpp::Timings as UpstreamTimings;
 
 impl UpstreamUsage {
     /// Whether the object itself carries `prompt_tokens_details.cached_tokens`.

@@ -20,6 +20,7 @@ pub mod messages;
 pub mod splice;
 pub mod upstream_error;
 
+use crate::billing::PromptSize;
 use crate::config::ModelId;
 use crate::error::{ApiError, ErrorKind};
 use crate::sse::{SseDecoder, SseError};
@@ -55,6 +56,23 @@ pub struct UpstreamRequest {
     /// Tool names that had to be shortened for the upstream: (upstream name, client name).
     /// Usually empty.
     pub tool_name_map: Vec<(String, String)>,
+}
+
+impl UpstreamRequest {
+    /// What admission needs to quote the request (see [`crate::billing::quote`]). An image part
+    /// is found by its `"image_url"` key in the prompt: the translators write every image that
+    /// way, and a text that mentions the word is an escaped string, not a key.
+    pub fn prompt_size(&self) -> PromptSize {
+        let prompt = self
+            .body
+            .get(self.prompt_range.clone())
+            .unwrap_or(&self.body);
+        PromptSize {
+            bytes: self.prompt_bytes as u64,
+            has_images: memchr::memmem::find(prompt, b"\"image_url\"").is_some(),
+            max_tokens: self.max_tokens,
+        }
+    }
 }
 
 /// What a response translator needs to know about the request it answers.

@@ -35,6 +35,7 @@
 //! in a header read, including ones halfway through a head): the loop here closes idle
 //! connections itself and lets started requests finish.
 
+use super::deadline;
 use pingora::apps::{HttpPersistentSettings, ReusedHttpStream, ServerApp};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
@@ -60,15 +61,6 @@ pub trait ServeRequest: Send + Sync + 'static {
         session: ServerSession,
         head_read: &AtomicBool,
     ) -> impl Future<Output = Option<ReusedHttpStream>> + Send;
-}
-
-/// `base + d`, or a time far beyond any deadline when that overflows (a configured timeout of
-/// `u64::MAX` ms means "never", not a panic).
-pub fn deadline(base: Instant, d: Duration) -> Instant {
-    const FAR: Duration = Duration::from_secs(100 * 365 * 86_400);
-    base.checked_add(d)
-        .or_else(|| base.checked_add(FAR))
-        .unwrap_or(base)
 }
 
 /// Open connections and the draining flag, for the connection cap and the drain.
@@ -258,16 +250,6 @@ impl<A: ServeRequest> ServerApp for Frontend<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn deadline_never_overflows() {
-        let now = Instant::now();
-        assert_eq!(
-            deadline(now, Duration::from_secs(1)),
-            now + Duration::from_secs(1)
-        );
-        assert!(deadline(now, Duration::MAX) > now + Duration::from_secs(86_400 * 365));
-    }
 
     #[test]
     fn the_cap_counts_open_connections() {

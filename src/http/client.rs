@@ -36,34 +36,47 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// How long an idle upstream connection stays in the pool.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
-/// Why an attempt failed before a response head arrived.
-#[derive(Debug)]
-pub enum SendError {
-    /// Could not connect (refused, unreachable, connect timeout): safe to retry elsewhere.
+/// Why an upstream exchange failed: typed, so the relay decides on kinds, never on message
+/// text. The strings are details for the log, never shown to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamError {
+    /// Could not connect (refused, unreachable, connect timeout): nothing was sent.
     Connect(String),
-    /// The connection broke while sending or before any response byte: safe to retry
-    /// elsewhere (no byte reached the client, and the upstream cannot have answered).
-    Broken(String),
-    /// No response header by the call's deadline.
+    /// The TLS handshake failed (a certificate that does not verify, no common protocol).
+    Tls(String),
+    /// The connection broke or closed early.
+    Reset(String),
+    /// No response head, or not the whole body, by the call's deadline.
     Timeout,
+    /// The bytes are not HTTP/1.1 as it frames a response (a bad head, a bad chunk line).
+    Framing(String),
+    /// A response head or body over the limit (the number).
+    TooLarge(usize),
 }
 
-impl SendError {
+impl UpstreamError {
+    /// Label for `quipu_upstream_failures_total{kind}` and the pool's failure count.
     pub fn kind(&self) -> &'static str {
         match self {
-            SendError::Connect(_) => "connect",
-            SendError::Broken(_) => "reset",
-            SendError::Timeout => "timeout",
+            UpstreamError::Connect(_) => "connect",
+            UpstreamError::Tls(_) => "tls",
+            UpstreamError::Reset(_) => "reset",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Framing(_) => "framing",
+            UpstreamError::TooLarge(_) => "too_large",
         }
     }
 }
 
-impl std::fmt::Display for SendError {
+impl std::fmt::Display for UpstreamError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SendError::Connect(e) => write!(f, "connect failed: {e}"),
-            SendError::Broken(e) => write!(f, "connection broke: {e}"),
-            SendError::Timeout => write!(f, "no response in time"),
+            UpstreamError::Connect(e) => write!(f, "connect failed: {e}"),
+            UpstreamError::Tls(e) => write!(f, "TLS handshake failed: {e}"),
+            UpstreamError::Reset(e) => write!(f, "connection broke: {e}"),
+            UpstreamError::Timeout => write!(f, "timed out"),
+            UpstreamError::Framing(e) => write!(f, "malformed response: {e}"),
+            UpstreamError::TooLarge(n) => write!(f, "response over {n} bytes"),
         }
     }
 }
@@ -94,8 +107,22 @@ fn peer_for(replica: &Replica, timeouts: &Timeouts) -> HttpPeer {
     peer
 }
 
+/// A connector error, typed: a TLS failure is told apart from a connect failure so that a
+/// wrong CA reads as what it is in the log.
+fn connect_error(e: Box<pingora::Error>) -> UpstreamError {
+    match e.etype() {
+        pingora::ErrorType::TLSHandshakeFailure
+        | pingora::ErrorType::TLSHandshakeTimedout
+        | pingora::ErrorType::InvalidCert
+        | pingora::ErrorType::HandshakeError => UpstreamError::Tls(e.to_string()),
+        _ => UpstreamError::Connect(e.to_string()),
+    }
+}
+
 /// One request to send to one replica.
 pub struct Call<'a> {
+    /// `POST` with `body`, or `GET` (with an empty `body`).
+    pub method: h1::Method,
     pub replica: &'a Replica,
     pub timeouts: &'a Timeouts,
     /// Request path, e.g. `/v1/chat/completions`.
@@ -114,18 +141,23 @@ pub struct Call<'a> {
 ///
 /// A pooled connection that turns out to be dead is retried once on a fresh connection before
 /// the error is reported.
+///
+/// An error before a response head is [`UpstreamError::Connect`] / [`UpstreamError::Tls`]
+/// (nothing sent), [`UpstreamError::Reset`] (broke while sending or before any response byte:
+/// safe to retry elsewhere, the upstream cannot have answered) or [`UpstreamError::Timeout`].
 pub fn send<'a>(
     connector: &'a TransportConnector,
     call: &'a Call<'_>,
-) -> BoxFuture<'a, Result<UpstreamResponse, SendError>> {
+) -> BoxFuture<'a, Result<UpstreamResponse, UpstreamError>> {
     Box::pin(send_unboxed(connector, call))
 }
 
 async fn send_unboxed(
     connector: &TransportConnector,
     call: &Call<'_>,
-) -> Result<UpstreamResponse, SendError> {
+) -> Result<UpstreamResponse, UpstreamError> {
     let Call {
+        method,
         replica,
         timeouts,
         path,
@@ -136,13 +168,14 @@ async fn send_unboxed(
     } = *call;
     let peer = peer_for(replica, timeouts);
     let request = h1::Request {
+        method,
         path,
         authority: &replica.authority,
         body,
         request_id,
         api_key,
     };
-    let wire = h1::request(&request).map_err(SendError::Connect)?;
+    let wire = h1::request(&request).map_err(UpstreamError::Connect)?;
     // A small body goes out with the head, in one write.
     let rest = if request.body_inline() { &[][..] } else { body };
     let write_timeout = timeouts.connect.max(Duration::from_secs(10));
@@ -153,14 +186,14 @@ async fn send_unboxed(
         } else {
             connector.get_stream(&peer).await
         };
-        let (stream, reused) = connected.map_err(|e| SendError::Connect(e.to_string()))?;
+        let (stream, reused) = connected.map_err(connect_error)?;
         let mut conn = Connection::new(stream, peer.reuse_hash());
         let result = match tokio::time::timeout(write_timeout, conn.write(&wire, rest)).await {
-            Err(_) => Err(SendError::Broken("timed out sending the request".into())),
-            Ok(Err(e)) => Err(SendError::Broken(e.to_string())),
+            Err(_) => Err(UpstreamError::Reset("timed out sending the request".into())),
+            Ok(Err(e)) => Err(UpstreamError::Reset(e.to_string())),
             Ok(Ok(())) => match tokio::time::timeout_at(header_deadline, conn.read_head()).await {
-                Err(_) => Err(SendError::Timeout),
-                Ok(Err(e)) => Err(SendError::Broken(e)),
+                Err(_) => Err(UpstreamError::Timeout),
+                Ok(Err(e)) => Err(e),
                 Ok(Ok(head)) => Ok(head),
             },
         };
@@ -173,7 +206,7 @@ async fn send_unboxed(
                 })
             }
             // A stale keep-alive connection: try once more on a new one.
-            Err(SendError::Broken(_)) if reused && !fresh_only => {
+            Err(UpstreamError::Reset(_)) if reused && !fresh_only => {
                 fresh_only = true;
                 continue;
             }
@@ -216,14 +249,14 @@ impl Connection {
     }
 
     /// Reads until a final (not 1xx) response head has arrived, and sets up its body.
-    async fn read_head(&mut self) -> Result<Head, String> {
+    async fn read_head(&mut self) -> Result<Head, UpstreamError> {
         loop {
             let unread = &self.buf[self.pos..];
             // Nothing buffered yet (a fresh response): read before parsing.
             let parsed = if unread.is_empty() {
                 None
             } else {
-                h1::parse_head(unread)?
+                h1::parse_head(unread).map_err(UpstreamError::Framing)?
             };
             if let Some((head, len)) = parsed {
                 self.pos += len;
@@ -231,17 +264,21 @@ impl Connection {
                     continue;
                 }
                 if head.status == 101 {
-                    return Err("the upstream switched protocols".into());
+                    return Err(UpstreamError::Framing(
+                        "the upstream switched protocols".into(),
+                    ));
                 }
                 self.body = Body::new(head.framing);
                 self.keep_alive = head.keep_alive;
                 return Ok(head);
             }
             if self.buf.len() - self.pos > MAX_HEAD {
-                return Err(format!("response head over {MAX_HEAD} bytes"));
+                return Err(UpstreamError::TooLarge(MAX_HEAD));
             }
-            if self.fill().await.map_err(|e| e.to_string())? == 0 {
-                return Err("the upstream closed the connection before a response head".into());
+            if self.fill().await? == 0 {
+                return Err(UpstreamError::Reset(
+                    "the upstream closed the connection before a response head".into(),
+                ));
             }
         }
     }
@@ -249,7 +286,7 @@ impl Connection {
     /// Reads more bytes; 0 means the upstream closed the connection. Consumed bytes are
     /// dropped first, so the buffer only grows when reads keep filling it (a fast upstream) or
     /// one frame does not fit.
-    async fn fill(&mut self) -> std::io::Result<usize> {
+    async fn fill(&mut self) -> Result<usize, UpstreamError> {
         if self.pos == self.buf.len() {
             self.buf.clear();
         } else if self.pos > 0 {
@@ -260,7 +297,11 @@ impl Connection {
             self.buf.reserve(self.buf.capacity().max(INITIAL_BUF));
         }
         let room = self.buf.capacity() - self.buf.len();
-        let n = self.stream.read_buf(&mut self.buf).await?;
+        let n = self
+            .stream
+            .read_buf(&mut self.buf)
+            .await
+            .map_err(|e| UpstreamError::Reset(e.to_string()))?;
         if n == room && self.buf.capacity() < MAX_BUF {
             self.buf.reserve(self.buf.capacity());
         }
@@ -271,18 +312,18 @@ impl Connection {
 impl UpstreamResponse {
     /// The next piece of the body, without a copy. Not a timeout: callers race it against
     /// their own clocks (it is cancel-safe).
-    pub async fn read(&mut self) -> Result<Read<'_>, String> {
+    pub async fn read(&mut self) -> Result<Read<'_>, UpstreamError> {
         let c = &mut self.conn;
         loop {
             let at = c.pos;
-            let (used, step) = c.body.step(&c.buf[at..])?;
+            let (used, step) = c.body.step(&c.buf[at..]).map_err(UpstreamError::Framing)?;
             c.pos += used;
             match step {
                 Step::Data(r) => return Ok(Read::Data(&c.buf[at + r.start..at + r.end])),
                 Step::End => return Ok(Read::End),
                 Step::More => {
-                    if c.fill().await.map_err(|e| e.to_string())? == 0 {
-                        c.body.at_eof()?;
+                    if c.fill().await? == 0 {
+                        c.body.at_eof().map_err(UpstreamError::Framing)?;
                         return Ok(Read::End);
                     }
                 }
@@ -291,20 +332,28 @@ impl UpstreamResponse {
     }
 
     /// Reads the whole body, up to `limit` bytes, within `timeout`.
-    pub async fn read_all(&mut self, limit: usize, timeout: Duration) -> Result<Bytes, String> {
-        let by = crate::proxy::conn::deadline(Instant::now(), timeout);
+    pub async fn read_all(
+        &mut self,
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Bytes, UpstreamError> {
+        let by = super::deadline(Instant::now(), timeout);
         self.read_all_by(limit, by).await
     }
 
     /// Reads the whole body, up to `limit` bytes, by `deadline`.
-    pub async fn read_all_by(&mut self, limit: usize, deadline: Instant) -> Result<Bytes, String> {
+    pub async fn read_all_by(
+        &mut self,
+        limit: usize,
+        deadline: Instant,
+    ) -> Result<Bytes, UpstreamError> {
         let mut buf = Vec::new();
         let read = async {
             loop {
                 match self.read().await? {
                     Read::Data(b) => {
                         if buf.len() + b.len() > limit {
-                            return Err(format!("response body over {limit} bytes"));
+                            return Err(UpstreamError::TooLarge(limit));
                         }
                         buf.extend_from_slice(b);
                     }
@@ -315,7 +364,7 @@ impl UpstreamResponse {
         match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(())) => Ok(Bytes::from(buf)),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err("timed out reading the response body".into()),
+            Err(_) => Err(UpstreamError::Timeout),
         }
     }
 

@@ -6,21 +6,14 @@
 //! and keep it, so a request touches only atomics. Rare outcomes (errors, unusual statuses)
 //! still go through `with_label_values`.
 
-use super::route::Route;
+use super::m;
 use crate::error::ClientFormat;
-use crate::metrics::m;
+use crate::route::Route;
 use prometheus::{Counter, Histogram, IntCounter, IntGauge};
 use std::sync::OnceLock;
 
 /// Token kinds in the order of `quipu_tokens_total` / `gen_ai_client_token_usage` labels.
 pub const TOKEN_KINDS: [&str; 3] = ["input", "cached_input", "output"];
-
-fn format_index(format: ClientFormat) -> usize {
-    match format {
-        ClientFormat::Chat => 0,
-        ClientFormat::Messages => 1,
-    }
-}
 
 /// Children of the gateway's per-route and per-model metrics.
 pub struct Meters {
@@ -40,8 +33,8 @@ struct ModelMeters {
     /// `quipu_requests_total{status="200",error_type="none"}` by route.
     requests_ok: [OnceLock<IntCounter>; Route::COUNT],
     /// `gen_ai_server_request_duration_seconds{error_type="none"}` by format and stream.
-    duration_ok: [[OnceLock<Histogram>; 2]; 2],
-    ttft: [OnceLock<Histogram>; 2],
+    duration_ok: [[OnceLock<Histogram>; 2]; ClientFormat::COUNT],
+    ttft: [OnceLock<Histogram>; ClientFormat::COUNT],
     tpot: OnceLock<Histogram>,
     token_usage: [OnceLock<Histogram>; 3],
 }
@@ -61,13 +54,13 @@ impl Meters {
     }
 
     pub fn in_flight(&self, route: Route) -> &IntGauge {
-        self.routes[route as usize]
+        self.routes[route.index()]
             .in_flight
             .get_or_init(|| m().in_flight.with_label_values(&[route.as_str()]))
     }
 
     pub fn overhead(&self, route: Route) -> &Histogram {
-        self.routes[route as usize]
+        self.routes[route.index()]
             .overhead
             .get_or_init(|| m().gateway_overhead.with_label_values(&[route.as_str()]))
     }
@@ -75,7 +68,7 @@ impl Meters {
     /// Counts a finished request.
     pub fn request(&self, route: Route, model: Option<usize>, status: u16, error: &str) {
         if let (Some(mm), 200, "none") = (model.and_then(|i| self.models.get(i)), status, error) {
-            return mm.requests_ok[route as usize]
+            return mm.requests_ok[route.index()]
                 .get_or_init(|| {
                     m().requests
                         .with_label_values(&[route.as_str(), &mm.slug, "200", "none"])
@@ -101,7 +94,7 @@ impl Meters {
     ) {
         let stream_label = if stream { "true" } else { "false" };
         match (model.and_then(|i| self.models.get(i)), error) {
-            (Some(mm), "none") => mm.duration_ok[format_index(format)][usize::from(stream)]
+            (Some(mm), "none") => mm.duration_ok[format.index()][usize::from(stream)]
                 .get_or_init(|| {
                     m().request_duration.with_label_values(&[
                         &mm.slug,
@@ -125,7 +118,7 @@ impl Meters {
 
     pub fn ttft(&self, model: usize, format: ClientFormat) -> Option<&Histogram> {
         let mm = self.models.get(model)?;
-        Some(mm.ttft[format_index(format)].get_or_init(|| {
+        Some(mm.ttft[format.index()].get_or_init(|| {
             m().time_to_first_token
                 .with_label_values(&[&mm.slug, format.as_str()])
         }))
@@ -168,21 +161,6 @@ impl TenantModelMeters {
         }
     }
 }
-
-/// A cache, not data: clones start empty, and it takes no part in a principal's equality.
-impl Clone for TenantMeters {
-    fn clone(&self) -> Self {
-        TenantMeters::new(self.by_model.len())
-    }
-}
-
-impl PartialEq for TenantMeters {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for TenantMeters {}
 
 impl std::fmt::Debug for TenantMeters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -1,8 +1,15 @@
-//! Which handler a request goes to, from its method and path.
+//! The one table of endpoints: which handler a request goes to, from its method and path.
+//!
+//! A new endpoint is a variant here (its label comes from its name), an arm in [`route`], and
+//! its handler in `src/proxy/` (the compiler then points at every `match` that must say what
+//! the new route does). Tables indexed by route are sized by [`Route::COUNT`], derived from the
+//! variants, so they grow with the enum.
 
 use crate::error::ClientFormat;
+use strum::{EnumCount, IntoStaticStr};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, EnumCount, IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Route {
     #[default]
     Unrouted,
@@ -19,29 +26,49 @@ pub enum Route {
 }
 
 impl Route {
-    /// Number of variants (for tables indexed by `route as usize`).
-    pub const COUNT: usize = 11;
-
-    /// Stable label for metrics and logs.
+    /// Stable label for metrics and logs: the variant's name in snake case.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Route::Unrouted => "unrouted",
-            Route::Chat => "chat",
-            Route::Messages => "messages",
-            Route::CountTokens => "count_tokens",
-            Route::Models => "models",
-            Route::Model => "model",
-            Route::Pricing => "pricing",
-            Route::Plans => "plans",
-            Route::Health => "health",
-            Route::NotFound => "not_found",
-            Route::MethodNotAllowed => "method_not_allowed",
-        }
+        self.into()
+    }
+
+    /// Number of routes, derived from the variants.
+    pub const COUNT: usize = <Route as EnumCount>::COUNT;
+
+    /// Index into tables of [`Route::COUNT`] entries.
+    pub fn index(self) -> usize {
+        self as usize
     }
 
     /// Routes whose requests carry a key and are metered.
     pub fn is_api(self) -> bool {
-        matches!(self, Route::Chat | Route::Messages | Route::CountTokens)
+        match self {
+            Route::Chat | Route::Messages | Route::CountTokens => true,
+            Route::Unrouted
+            | Route::Models
+            | Route::Model
+            | Route::Pricing
+            | Route::Plans
+            | Route::Health
+            | Route::NotFound
+            | Route::MethodNotAllowed => false,
+        }
+    }
+
+    /// The format of a request on this route: its body, its errors and its stream. Routes that
+    /// belong to no format answer in the one their path suggests ([`format_for_path`]).
+    pub fn format(self, path: &str) -> ClientFormat {
+        match self {
+            Route::Chat => ClientFormat::Chat,
+            Route::Messages | Route::CountTokens => ClientFormat::Messages,
+            Route::Unrouted
+            | Route::Models
+            | Route::Model
+            | Route::Pricing
+            | Route::Plans
+            | Route::Health
+            | Route::NotFound
+            | Route::MethodNotAllowed => format_for_path(path),
+        }
     }
 }
 
@@ -106,5 +133,13 @@ mod tests {
         assert_eq!(route(&Method::POST, "/v1/models"), Route::MethodNotAllowed);
         assert_eq!(route(&Method::GET, "/api/hello"), Route::NotFound);
         assert_eq!(route(&Method::GET, "/"), Route::NotFound);
+    }
+
+    #[test]
+    fn labels_are_the_variant_names() {
+        assert_eq!(Route::CountTokens.as_str(), "count_tokens");
+        assert_eq!(Route::MethodNotAllowed.as_str(), "method_not_allowed");
+        assert_eq!(Route::Unrouted.as_str(), "unrouted");
+        assert_eq!(Route::COUNT, Route::MethodNotAllowed.index() + 1);
     }
 }

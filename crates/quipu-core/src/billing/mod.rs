@@ -1,0 +1,27 @@
+//! Billing policy: what a request reserves, what it is charged when it ends, what is left
+//! unbilled, and how amounts are shown to people. Pure: no clock, no store, no I/O.
+//!
+//! The money of one request goes through three steps, each a function here:
+//!
+//! 1. **Quote** ([`quote::quote`]), at admission: the most the request can cost — its prompt's
+//!    upper bound in tokens plus `max_tokens` of output — and the input estimate billed if the
+//!    upstream never reports its prompt tokens. The proxy reserves `quote.worst` against the
+//!    tenant's balance (`src/billing/accounts.rs` holds reservations and leases).
+//! 2. **Price** ([`price::Prices::charge`]): tokens × the model's rates. Every price rule (a
+//!    discount, a minimum charge, a price per image) belongs there, with its unit tests.
+//! 3. **Settle** ([`settle::settle`]), when the request ends on any path: what the upstream
+//!    reported (or the estimate), the full price, the charge (never above the reservation) and
+//!    the excess left `unbilled` (in the ledger row and `quipu_unbilled_pen_total`).
+//!
+//! [`display`] writes amounts for people (`S/ 1,234.56`, or the exact figure under a céntimo).
+//! The exact unit itself ([`crate::money::Pen`], [`crate::money::Rate`]) lives in
+//! [`crate::money`].
+
+pub mod display;
+pub mod price;
+pub mod quote;
+pub mod settle;
+
+pub use price::Prices;
+pub use quote::{quote, PromptSize, Quote};
+pub use settle::{settle, Settlement};

@@ -1,0 +1,82 @@
+//! Settling a finished request: the policy is [`policy::settle`] (pure, in the core);
+//! this applies it — the reservation replaced by the charge, the ledger row queued, the
+//! unbilled and estimated-input metrics counted — from `finish`, or from the context's `Drop`
+//! when a request task died before reaching it.
+
+use super::ctx::RequestCtx;
+use crate::billing::policy;
+use crate::metrics::m;
+use crate::store::{now_ms, LedgerRow};
+use crate::usage::Usage;
+
+/// What a settled request was billed, for the caller's metrics.
+pub struct Settled {
+    pub usage: Usage,
+    pub charge: crate::money::Pen,
+}
+
+/// Takes the request's reservation, bills its usage (see [`policy::settle`]) and queues its
+/// ledger row. `None` if nothing was reserved (the request never reached admission).
+pub fn settle_request(ctx: &mut RequestCtx) -> Option<Settled> {
+    let admitted = ctx.admitted.take()?;
+    let books = admitted.books;
+    let (Some(caller), Some(model_id)) = (ctx.caller.clone(), ctx.model) else {
+        books
+            .accounts
+            .settle(admitted.reservation, crate::money::Pen::ZERO);
+        return None;
+    };
+    let model = &books.config.models[model_id];
+    let reserved = admitted.reservation.amount;
+    let s = policy::settle(ctx.usage, admitted.input_estimate, &model.prices, reserved);
+    let charge = books.accounts.settle(admitted.reservation, s.charge);
+    debug_assert_eq!(
+        charge, s.charge,
+        "the policy caps at the reservation already"
+    );
+    let p = &caller.principal;
+    if s.input_estimated {
+        m().input_estimated
+            .with_label_values(&[model.slug.as_str()])
+            .inc();
+    }
+    if s.unbilled > crate::money::Pen::ZERO {
+        log::warn!(
+            "request {} of tenant {} on {}: its tokens cost {} but only {} was reserved; billed the reservation, {} unbilled (in={} cached={} out={})",
+            ctx.request_id,
+            p.tenant_name,
+            model.slug,
+            s.full.to_decimal(),
+            reserved.to_decimal(),
+            s.unbilled.to_decimal(),
+            s.usage.prompt_tokens,
+            s.usage.cached(),
+            s.usage.completion_tokens
+        );
+        m().unbilled_pen
+            .with_label_values(&[model.slug.as_str()])
+            .inc_by(s.unbilled.picos() as f64 / 1e12);
+    }
+    books.ledger.record(LedgerRow {
+        request_id: ctx.request_id.clone(),
+        at: now_ms(),
+        tenant_id: p.tenant_id,
+        key_id: p.key_id.clone(),
+        model: model.slug.clone(),
+        format: ctx.format.as_str().to_owned(),
+        input_tokens: s.usage.prompt_tokens,
+        cached_tokens: s.usage.cached(),
+        output_tokens: s.usage.completion_tokens,
+        charge,
+        status: ctx.ending.outcome.as_str().to_owned(),
+        http_status: ctx.ending.status,
+        unbilled: s.unbilled,
+        input_estimated: s.input_estimated,
+    });
+    ctx.usage = Some(s.usage);
+    ctx.charged = charge;
+    Some(Settled {
+        usage: s.usage,
+        charge,
+    })
+}
