@@ -14,6 +14,7 @@ pub mod admin;
 pub mod auth;
 pub mod billing;
 pub mod catalog;
+pub mod config_file;
 pub mod keys;
 pub mod logger;
 pub mod metrics;

@@ -2,18 +2,19 @@
 //!
 //! Two types, as in TensorZero and River: [`RawConfig`] is the file's shape (serde,
 //! `deny_unknown_fields`, optional fields with defaults), and [`Config`] is what the rest of
-//! the gateway reads: every value resolved, every secret fetched from the environment, every
-//! address parsed, no `Option` standing for "not yet known". [`Config::from_raw`] collects
-//! *every* problem and names the full key of each ("models[1].prices.input: …"), so one run of
+//! the gateway reads: every value resolved, every secret looked up, every address parsed, no
+//! `Option` standing for "not yet known". [`Config::from_raw`] collects *every* problem and
+//! names the full key of each ("models[1].prices.input: …"), so one run of
 //! `quipu serve --check` shows them all.
 //!
 //! Secrets may come from the environment: a string value `"env:NAME"` is replaced by the
-//! variable `NAME` (an error names it if it is unset).
+//! variable `NAME` (an error names it if it is unset), looked up through a function the caller
+//! passes (see [`secrets`]).
 //!
-//! Parsing does no I/O besides reading those variables: upstream URLs are checked for syntax
-//! only, and a replica named by a host name gets its socket address from
-//! [`Config::resolve_upstreams`], which `quipu serve` calls once at start (the gateway never
-//! resolves names on the request path). So `--check`, the CLI's store commands, tests and the
+//! No I/O here: the core reads no file, no environment variable and no DNS. The binary reads
+//! the file and passes the process environment (`quipu::config_file`), and resolves the host
+//! names of upstream replicas once at `serve` start (`quipu::upstream::resolve`); upstream URLs
+//! are checked here for syntax only. So `--check`, the CLI's store commands, tests and the
 //! `config_parse` fuzz target never touch DNS.
 //!
 //! Layout, one file per part of the file:
@@ -48,8 +49,6 @@ pub use server::{
 pub use store::{redact_url, Billing, Store};
 
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::Path;
 
 /// Index of a model in [`Config::models`]; cheap to copy into request contexts.
 pub type ModelId = usize;
@@ -87,26 +86,32 @@ impl std::error::Error for ConfigErrors {}
 /// The configuration Quipu runs on when no file is given: three models on a local upstream.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../../../../conf/quipu.toml");
 
+/// An environment that sets no variable: every `"env:NAME"` value is reported unset.
+pub fn no_env(_name: &str) -> Option<String> {
+    None
+}
+
 impl Config {
-    /// Reads, parses and validates a file.
-    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![format!(
-                "cannot read {}: {e}; pass --config with the path of a quipu.toml",
-                path.display()
-            )])
-        })?;
-        Config::parse(&text, &path.display().to_string())
+    /// Parses and validates TOML text with no environment (see [`no_env`]): for tests, fuzzing
+    /// and the embedded default. `origin` names the text in messages. The binary reads files
+    /// through `quipu::config_file`, which passes the process environment to
+    /// [`Config::parse_with_env`].
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
+        Config::parse_with_env(text, origin, &no_env)
     }
 
-    /// Parses and validates TOML text; `origin` names it in messages.
-    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigErrors> {
+    /// Parses and validates TOML text; `env` looks up `"env:NAME"` secrets.
+    pub fn parse_with_env(
+        text: &str,
+        origin: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigErrors> {
         let raw: RawConfig = toml::from_str(text)
             .map_err(|e| ConfigErrors(vec![format!("{origin}: {}", e.to_string().trim())]))?;
-        Config::from_raw(raw, &|name| std::env::var(name).ok())
+        Config::from_raw(raw, env)
     }
 
-    /// Validates a parsed file. `env` looks up `env:NAME` secrets (injected for tests).
+    /// Validates a parsed file. `env` looks up `"env:NAME"` secrets.
     pub fn from_raw(
         raw: RawConfig,
         env: &dyn Fn(&str) -> Option<String>,
@@ -167,58 +172,5 @@ impl Config {
             .map(|m| format!("`{}`", m.slug))
             .collect::<Vec<_>>()
             .join(", ")
-    }
-
-    /// Resolves the host names of upstream replicas (system resolver, first address), once,
-    /// when the server starts. Every failure is reported with its key; two replicas of a model
-    /// that turn out to be the same address are an error too.
-    pub fn resolve_upstreams(self) -> Result<Config, ConfigErrors> {
-        self.resolve_upstreams_with(&|host, port| {
-            (host, port).to_socket_addrs().map(|a| a.collect())
-        })
-    }
-
-    /// [`Config::resolve_upstreams`] with an injected resolver (for tests).
-    pub fn resolve_upstreams_with(
-        mut self,
-        resolve: &dyn Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
-    ) -> Result<Config, ConfigErrors> {
-        let mut errs = Vec::new();
-        for (i, m) in self.models.iter_mut().enumerate() {
-            for (j, r) in m.replicas.iter_mut().enumerate() {
-                if r.is_resolved() {
-                    continue;
-                }
-                match resolve(&r.host, r.port) {
-                    Ok(addrs) => match addrs.first() {
-                        Some(a) => r.addr = *a,
-                        None => errs.push(format!(
-                            "models[{i}].upstreams[{j}]: \"{}\" resolves to no address",
-                            r.host
-                        )),
-                    },
-                    Err(e) => errs.push(format!(
-                        "models[{i}].upstreams[{j}]: cannot resolve \"{}\": {e}",
-                        r.host
-                    )),
-                }
-            }
-            for (j, r) in m.replicas.iter().enumerate() {
-                if let Some(k) = m.replicas[..j]
-                    .iter()
-                    .position(|o| o.is_resolved() && o.addr == r.addr)
-                {
-                    errs.push(format!(
-                        "models[{i}].upstreams[{j}] (\"{}\") is the same server as upstreams[{k}] ({})",
-                        r.url, r.addr
-                    ));
-                }
-            }
-        }
-        if errs.is_empty() {
-            Ok(self)
-        } else {
-            Err(ConfigErrors(errs))
-        }
     }
 }

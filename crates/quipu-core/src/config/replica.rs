@@ -1,8 +1,7 @@
 //! One upstream server of a model: its URL parsed into the parts the upstream client needs.
 //!
-//! By syntax alone: a host name is kept as written and resolved later, once at `serve` start
-//! ([`Config::resolve_upstreams`](super::Config::resolve_upstreams)), never on the request
-//! path.
+//! By syntax alone: a host name is kept as written and resolved later by the binary, once at
+//! `serve` start (`quipu::upstream::resolve`), never here and never on the request path.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -16,10 +15,9 @@ pub struct Replica {
     /// The host as written (an IP literal without brackets, or a name).
     pub host: String,
     pub port: u16,
-    /// Where to connect. Set by parsing when the host is an IP literal; for a name, by
-    /// [`Config::resolve_upstreams`](super::Config::resolve_upstreams) at start (until then
-    /// the unroutable `0.0.0.0:0`, see [`Replica::is_resolved`]). The gateway never resolves
-    /// names on the request path.
+    /// Where to connect. Set by parsing when the host is an IP literal; for a name, by the
+    /// binary at start (`quipu::upstream::resolve`; until then the unroutable `0.0.0.0:0`, see
+    /// [`Replica::is_resolved`]). The gateway never resolves names on the request path.
     pub addr: SocketAddr,
     /// Path of the OpenAI API root, `/v1` unless the URL says otherwise.
     pub api_base: String,
@@ -38,15 +36,13 @@ impl Replica {
     }
 }
 
-/// [`Replica::addr`] of a named replica before
-/// [`Config::resolve_upstreams`](super::Config::resolve_upstreams): port 0 of the unspecified
+/// [`Replica::addr`] of a named replica before it is resolved: port 0 of the unspecified
 /// address, which a connect attempt can never reach.
 const UNRESOLVED: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
 
 /// Parses `http://host:port[/path]`, by syntax alone: the host is an IPv4 literal, a bracketed
 /// IPv6 literal or a host name (letters, digits, `-`, `_`, dot-separated labels); the port
-/// defaults to 80. Names are resolved later, by
-/// [`Config::resolve_upstreams`](super::Config::resolve_upstreams).
+/// defaults to 80. Names are resolved later, by the binary (`quipu::upstream::resolve`).
 pub fn parse_replica(url: &str) -> Result<Replica, String> {
     let rest = if let Some(r) = url.strip_prefix("http://") {
         r

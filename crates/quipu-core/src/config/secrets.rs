@@ -1,7 +1,8 @@
 //! Secrets written as `"env:NAME"`: the value of `NAME` from an injected lookup.
 //!
-//! The lookup is injected ([`Config::from_raw`](super::Config::from_raw) takes it), so tests
-//! need not set variables. Any other value is taken as written.
+//! The core never reads the process environment itself: [`Config::parse`](super::Config::parse)
+//! passes a lookup that knows no variable (tests, fuzzing, the embedded default), and the
+//! binary passes `std::env::var` (`quipu::config_file`). Any other value is taken as written.
 
 /// `value`, or the variable it names with `env:NAME` (an error names `key` if it is unset).
 pub(super) fn secret(

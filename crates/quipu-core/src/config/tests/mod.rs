@@ -4,17 +4,12 @@
 
 use super::*;
 use crate::money::{Pen, Rate};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 mod catalog;
 mod replicas;
 mod validation;
-
-fn no_env(_: &str) -> Option<String> {
-    None
-}
 
 /// Validates `text` with no environment, keeping serde's message as is.
 fn parse(text: &str) -> Result<Config, ConfigErrors> {
