@@ -16,6 +16,7 @@ pub mod admin;
 pub mod auth;
 pub mod billing;
 pub mod catalog;
+pub mod config_file;
 pub mod http;
 pub mod keys;
 pub mod logger;

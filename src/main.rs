@@ -146,8 +146,9 @@ enum KeyCmd {
 
 fn load_config(path: Option<&PathBuf>) -> Result<Config, String> {
     match path {
-        Some(p) => Config::load(p).map_err(|e| e.to_string()),
-        None => Config::parse(EMBEDDED_DEFAULT, "embedded default").map_err(|e| e.to_string()),
+        Some(p) => quipu::config_file::load(p).map_err(|e| e.to_string()),
+        None => quipu::config_file::parse(EMBEDDED_DEFAULT, "embedded default")
+            .map_err(|e| e.to_string()),
     }
 }
 

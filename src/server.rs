@@ -121,7 +121,8 @@ impl ServeHttp for MetricsApp {
 /// Runs the gateway until it is told to stop. Returns an error only for startup failures.
 pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     crate::logger::write_in_batches().map_err(|e| format!("cannot start the log writer: {e}"))?;
-    let config = Arc::new(config.resolve_upstreams().map_err(|e| e.to_string())?);
+    let config =
+        Arc::new(crate::upstream::resolve::resolve_upstreams(config).map_err(|e| e.to_string())?);
     let replica = replica_id(&config);
     let billing_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -1,0 +1,312 @@
+//! The file's shape: `conf/quipu.toml` as written, read by serde and nothing else.
+//!
+//! Every section and table refuses unknown keys (`deny_unknown_fields`), and optional fields
+//! carry their defaults here, so the file documents itself. Only
+//! [`Config::from_raw`](super::Config::from_raw) reads these types; the rest of the gateway
+//! reads the validated [`Config`](super::Config).
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// `conf/quipu.toml` as written. Only [`Config::from_raw`] reads it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub billing: RawBilling,
+    #[serde(default)]
+    pub limits: RawLimits,
+    #[serde(default)]
+    pub streaming: RawStreaming,
+    #[serde(default)]
+    pub security: RawSecurity,
+    #[serde(default)]
+    pub models: Vec<RawModel>,
+    /// Other model names (glob patterns with `*` and `?`) → slug.
+    #[serde(default)]
+    pub aliases: BTreeMap<String, String>,
+    #[serde(default)]
+    pub plans: Vec<RawPlan>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawServer {
+    pub listen: String,
+    pub metrics_listen: String,
+    pub admin_listen: String,
+    pub admin_token: Option<String>,
+    pub threads: usize,
+    pub max_body_bytes: usize,
+    /// A request's head (request line and headers) over this gets a 431 in the endpoint's
+    /// error shape. Pingora itself refuses heads over 1 MiB or with over 256 headers (a bare 400).
+    pub max_header_bytes: usize,
+    /// API requests handled at once; beyond it new ones are refused as overloaded.
+    pub max_in_flight: usize,
+    /// Open client connections (idle keep-alive ones included); further ones are closed at once.
+    pub max_connections: usize,
+    /// A request head must arrive whole within this long: from the connection's opening for
+    /// its first request, from the first byte for later ones.
+    pub header_timeout_ms: u64,
+    pub client_read_timeout_ms: u64,
+    pub client_write_timeout_ms: u64,
+    pub keepalive_timeout_s: u64,
+    pub grace_period_seconds: u64,
+    pub graceful_shutdown_timeout_seconds: u64,
+    pub pid_file: String,
+    pub upgrade_sock: String,
+    pub replica_id: Option<String>,
+    pub access_log: bool,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        RawServer {
+            listen: "0.0.0.0:8080".into(),
+            metrics_listen: "127.0.0.1:9091".into(),
+            admin_listen: "127.0.0.1:9092".into(),
+            admin_token: None,
+            threads: 2,
+            max_body_bytes: 32 * 1024 * 1024,
+            max_header_bytes: 64 * 1024,
+            max_in_flight: 10_000,
+            max_connections: 10_000,
+            header_timeout_ms: 15_000,
+            client_read_timeout_ms: 60_000,
+            client_write_timeout_ms: 60_000,
+            keepalive_timeout_s: 75,
+            grace_period_seconds: 900,
+            graceful_shutdown_timeout_seconds: 5,
+            pid_file: "/tmp/quipu.pid".into(),
+            upgrade_sock: "/tmp/quipu_upgrade.sock".into(),
+            replica_id: None,
+            access_log: true,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStore {
+    pub url: String,
+    pub ledger_flush_ms: u64,
+    pub ledger_batch_rows: usize,
+    /// Ledger rows owed to the store (queued, not yet written) at which new billable requests
+    /// are refused as overloaded until the store catches up: bounds what a crash during a
+    /// store outage could lose, and the memory the queue holds.
+    pub max_unstored_rows: usize,
+    pub key_refresh_ms: u64,
+    /// At shutdown, how long the ledger writer keeps retrying an unreachable store before it
+    /// writes the rows it could not store to a spill file.
+    pub shutdown_flush_timeout_s: u64,
+    /// Where spill files go; default: `ledger-spill` beside the SQLite file, else
+    /// `data/ledger-spill`.
+    pub spill_dir: Option<String>,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        RawStore {
+            url: "sqlite://data/quipu.db".into(),
+            ledger_flush_ms: 10,
+            ledger_batch_rows: 1000,
+            max_unstored_rows: 200_000,
+            key_refresh_ms: 500,
+            shutdown_flush_timeout_s: 30,
+            spill_dir: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawBilling {
+    pub min_top_up: String,
+    /// How much of a tenant's balance one gateway replica leases at a time (see billing docs).
+    pub lease_chunk: String,
+}
+
+impl Default for RawBilling {
+    fn default() -> Self {
+        RawBilling {
+            min_top_up: "10.00".into(),
+            lease_chunk: "5.00".into(),
+        }
+    }
+}
+
+/// Defaults for keys and tenants; 0 means unlimited.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawLimits {
+    pub key_requests_per_minute: u64,
+    pub key_tokens_per_minute: u64,
+    pub tenant_requests_per_minute: u64,
+    pub tenant_tokens_per_minute: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStreaming {
+    /// While the upstream is silent (a long prefill), a messages stream gets a `ping` this often.
+    pub ping_interval_ms: u64,
+    /// Which field a chat-format client sees reasoning in: `reasoning`, `reasoning_content` or
+    /// `both`.
+    pub chat_reasoning_field: String,
+}
+
+impl Default for RawStreaming {
+    fn default() -> Self {
+        RawStreaming {
+            ping_interval_ms: 5_000,
+            chat_reasoning_field: "both".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSecurity {
+    /// Image URLs in requests, which the upstream fetches (the gateway itself never fetches a
+    /// URL): `forward` (default) passes http(s) URLs that name a public host and refuses
+    /// internal ones (loopback, private, link-local, metadata names, …; see
+    /// `translate::image_url`); `forward_any` passes any http(s) URL, for upstreams that
+    /// restrict fetching themselves (`vllm serve --allowed-media-domains`); `reject` accepts
+    /// only inline (base64) images.
+    pub image_urls: String,
+}
+
+impl Default for RawSecurity {
+    fn default() -> Self {
+        RawSecurity {
+            image_urls: "forward".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    pub slug: String,
+    pub display_name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub vision: bool,
+    #[serde(default)]
+    pub in_plans: bool,
+    #[serde(default)]
+    pub in_free: bool,
+    /// The model's name on the upstream server (vLLM `--served-model-name`).
+    pub upstream_model: String,
+    /// Base URLs of the replicas serving this model, e.g. `http://10.0.0.5:8000/v1`.
+    pub upstreams: Vec<String>,
+    /// Sent to the upstream as `Authorization: Bearer …` (vLLM `--api-key`).
+    #[serde(default)]
+    pub upstream_api_key: Option<String>,
+    pub prices: RawPrices,
+    #[serde(default = "default_context_window")]
+    pub context_window: u64,
+    /// Merged into the upstream request when a client turns reasoning on / off.
+    #[serde(default)]
+    pub thinking_on: Option<toml::Table>,
+    #[serde(default)]
+    pub thinking_off: Option<toml::Table>,
+    #[serde(default)]
+    pub timeouts: RawTimeouts,
+    #[serde(default)]
+    pub health: RawHealth,
+    /// Ask the upstream for usage on every chunk (vLLM `continuous_usage_stats`), so a stream
+    /// cut off midway is metered exactly. Turn off for upstreams that reject the field.
+    #[serde(default = "default_true")]
+    pub continuous_usage: bool,
+    /// Messages format: when the last message is a non-empty assistant turn (a prefill), ask
+    /// the upstream to continue it (`continue_final_message: true, add_generation_prompt:
+    /// false`, which vLLM and SGLang understand) instead of starting a new turn after it.
+    /// Turn off for upstreams that reject the fields.
+    #[serde(default = "default_true")]
+    pub prefill: bool,
+    #[serde(default = "default_tokenize_path")]
+    pub tokenize_path: String,
+    /// `least_loaded`, `round_robin` or `prefix_affinity`.
+    #[serde(default = "default_routing")]
+    pub routing: String,
+}
+
+fn default_context_window() -> u64 {
+    131_072
+}
+fn default_true() -> bool {
+    true
+}
+fn default_tokenize_path() -> String {
+    "/tokenize".into()
+}
+fn default_routing() -> String {
+    "prefix_affinity".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrices {
+    pub input: String,
+    pub cached: String,
+    pub output: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTimeouts {
+    pub connect_ms: u64,
+    /// Stream: time from sending the request to the first byte of the response.
+    pub first_byte_ms: u64,
+    /// Stream: longest silence between two chunks once the stream started.
+    pub idle_ms: u64,
+    /// Non-stream: the whole generation.
+    pub request_ms: u64,
+}
+
+impl Default for RawTimeouts {
+    fn default() -> Self {
+        RawTimeouts {
+            connect_ms: 2_000,
+            first_byte_ms: 120_000,
+            idle_ms: 120_000,
+            request_ms: 900_000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawHealth {
+    pub path: String,
+    pub interval_ms: u64,
+    /// Consecutive failed requests after which a replica is ejected until healthy again.
+    pub max_failures: u32,
+}
+
+impl Default for RawHealth {
+    fn default() -> Self {
+        RawHealth {
+            path: "/health".into(),
+            interval_ms: 2_000,
+            max_failures: 3,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPlan {
+    pub id: String,
+    pub display_name: String,
+    pub price: String,
+    pub usage_label: String,
+    #[serde(default)]
+    pub web_search: bool,
+}

@@ -1,0 +1,194 @@
+//! `[server]`, `[limits]`, `[streaming]` and `[security]`: how the gateway faces its clients
+//! (listeners, sizes, timeouts, rate-limit defaults, the reasoning field name, the image URL
+//! policy), validated.
+
+use super::raw::{RawLimits, RawSecurity, RawServer, RawStreaming};
+use super::secrets::secret;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The largest request head pingora 0.9 reads (`MAX_HEADER_SIZE`); above it, a bare 400.
+pub const PINGORA_MAX_HEAD_BYTES: usize = 1_048_575;
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    /// `None` disables the admin listener.
+    pub admin_token: Option<String>,
+    pub threads: usize,
+    pub max_body_bytes: usize,
+    pub max_header_bytes: usize,
+    pub max_in_flight: usize,
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub client_read_timeout: Duration,
+    pub client_write_timeout: Duration,
+    pub keepalive_timeout_s: u64,
+    pub grace_period_seconds: u64,
+    pub graceful_shutdown_timeout_seconds: u64,
+    pub pid_file: String,
+    pub upgrade_sock: String,
+    pub replica_id: Option<String>,
+    pub access_log: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub key_requests_per_minute: u64,
+    pub key_tokens_per_minute: u64,
+    pub tenant_requests_per_minute: u64,
+    pub tenant_tokens_per_minute: u64,
+}
+
+/// Where a chat-format client reads reasoning text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasoningField {
+    Reasoning,
+    ReasoningContent,
+    Both,
+}
+
+#[derive(Debug, Clone)]
+pub struct Streaming {
+    pub ping_interval: Duration,
+    pub chat_reasoning_field: ReasoningField,
+}
+
+/// What happens to image URLs in requests (see [`RawSecurity::image_urls`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageUrlPolicy {
+    /// Forward URLs of public hosts only.
+    Forward,
+    /// Forward any http(s) URL: the upstream restricts what it fetches.
+    ForwardAny,
+    /// Inline images only.
+    Reject,
+}
+
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub image_urls: ImageUrlPolicy,
+}
+
+fn socket_addr(value: &str, key: &str, errs: &mut Vec<String>) -> SocketAddr {
+    value.parse().unwrap_or_else(|_| {
+        errs.push(format!(
+            "{key} must be an address like \"127.0.0.1:8080\", got \"{value}\""
+        ));
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    })
+}
+
+pub(super) fn validate_server(
+    s: RawServer,
+    env: &dyn Fn(&str) -> Option<String>,
+    errs: &mut Vec<String>,
+) -> Server {
+    if s.threads == 0 || s.threads > 256 {
+        errs.push(format!(
+            "server.threads must be between 1 and 256, got {}",
+            s.threads
+        ));
+    }
+    if s.max_body_bytes < 1024 {
+        errs.push(format!(
+            "server.max_body_bytes must be at least 1024, got {}",
+            s.max_body_bytes
+        ));
+    }
+    if !(1024..=PINGORA_MAX_HEAD_BYTES).contains(&s.max_header_bytes) {
+        errs.push(format!(
+            "server.max_header_bytes must be between 1024 and {PINGORA_MAX_HEAD_BYTES} \
+             (pingora refuses larger heads itself), got {}",
+            s.max_header_bytes
+        ));
+    }
+    if s.max_connections == 0 {
+        errs.push("server.max_connections must be at least 1".into());
+    }
+    if s.header_timeout_ms == 0 {
+        errs.push("server.header_timeout_ms must be at least 1".into());
+    }
+    let admin_token = s
+        .admin_token
+        .as_deref()
+        .map(|t| secret(t, "server.admin_token", env, errs))
+        .filter(|t| !t.is_empty());
+    if let Some(t) = &admin_token {
+        if t.len() < 16 {
+            errs.push("server.admin_token must be at least 16 characters long".into());
+        }
+    }
+    Server {
+        listen: socket_addr(&s.listen, "server.listen", errs),
+        metrics_listen: socket_addr(&s.metrics_listen, "server.metrics_listen", errs),
+        admin_listen: socket_addr(&s.admin_listen, "server.admin_listen", errs),
+        admin_token,
+        threads: s.threads,
+        max_body_bytes: s.max_body_bytes,
+        max_header_bytes: s.max_header_bytes,
+        max_in_flight: s.max_in_flight.max(1),
+        max_connections: s.max_connections,
+        header_timeout: Duration::from_millis(s.header_timeout_ms),
+        client_read_timeout: Duration::from_millis(s.client_read_timeout_ms),
+        client_write_timeout: Duration::from_millis(s.client_write_timeout_ms),
+        keepalive_timeout_s: s.keepalive_timeout_s,
+        grace_period_seconds: s.grace_period_seconds,
+        graceful_shutdown_timeout_seconds: s.graceful_shutdown_timeout_seconds,
+        pid_file: s.pid_file,
+        upgrade_sock: s.upgrade_sock,
+        replica_id: s.replica_id.filter(|r| !r.is_empty()),
+        access_log: s.access_log,
+    }
+}
+
+pub(super) fn limits(l: RawLimits) -> Limits {
+    Limits {
+        key_requests_per_minute: l.key_requests_per_minute,
+        key_tokens_per_minute: l.key_tokens_per_minute,
+        tenant_requests_per_minute: l.tenant_requests_per_minute,
+        tenant_tokens_per_minute: l.tenant_tokens_per_minute,
+    }
+}
+
+pub(super) fn validate_streaming(s: RawStreaming, errs: &mut Vec<String>) -> Streaming {
+    if s.ping_interval_ms < 100 {
+        errs.push(format!(
+            "streaming.ping_interval_ms must be at least 100, got {}",
+            s.ping_interval_ms
+        ));
+    }
+    let chat_reasoning_field = match s.chat_reasoning_field.as_str() {
+        "reasoning" => ReasoningField::Reasoning,
+        "reasoning_content" => ReasoningField::ReasoningContent,
+        "both" => ReasoningField::Both,
+        other => {
+            errs.push(format!(
+                "streaming.chat_reasoning_field must be \"reasoning\", \"reasoning_content\" or \"both\", got \"{other}\""
+            ));
+            ReasoningField::Both
+        }
+    };
+    Streaming {
+        ping_interval: Duration::from_millis(s.ping_interval_ms),
+        chat_reasoning_field,
+    }
+}
+
+pub(super) fn validate_security(s: RawSecurity, errs: &mut Vec<String>) -> Security {
+    Security {
+        image_urls: match s.image_urls.as_str() {
+            "forward" => ImageUrlPolicy::Forward,
+            "forward_any" => ImageUrlPolicy::ForwardAny,
+            "reject" => ImageUrlPolicy::Reject,
+            other => {
+                errs.push(format!(
+                    "security.image_urls must be \"forward\", \"forward_any\" or \"reject\", got \"{other}\""
+                ));
+                ImageUrlPolicy::Reject
+            }
+        },
+    }
+}

@@ -1,0 +1,196 @@
+//! Validation: defaults, every problem reported with its key, bounds, secrets, switches.
+
+use super::*;
+
+#[test]
+fn minimal_gets_defaults() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.server.max_body_bytes, 32 * 1024 * 1024);
+    let m = &c.models[0];
+    assert_eq!(m.replicas[0].api_base, "/v1");
+    assert_eq!(m.replicas[0].chat_path(), "/v1/chat/completions");
+    assert_eq!(m.prices.output, Rate::parse("0.8").unwrap());
+    assert_eq!(c.billing.min_top_up, Pen::from_centimos(1000));
+}
+
+#[test]
+fn every_problem_is_reported_with_its_key() {
+    let text = r#"
+[server]
+threads = 0
+listen = "nowhere"
+[store]
+url = "mysql://x"
+[billing]
+min_top_up = "ten"
+[[models]]
+slug = "Bad Slug"
+display_name = ""
+upstream_model = "q"
+upstreams = ["ftp://x"]
+prices = { input = "0.1234567", cached = "-1", output = "1" }
+routing = "random"
+[aliases]
+"gpt-*" = "nope"
+"#;
+    let e = parse(text).unwrap_err().0;
+    let joined = e.join("\n");
+    for needle in [
+        "server.threads",
+        "server.listen",
+        "store.url",
+        "billing.min_top_up",
+        "models[0].slug",
+        "models[0].display_name",
+        "models[0].upstreams[0]",
+        "models[0].prices.input",
+        "models[0].prices.cached",
+        "models[0].routing",
+        "aliases.\"gpt-*\"",
+    ] {
+        assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
+    }
+}
+
+#[test]
+fn shutdown_flush_and_spill_dir() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.store.shutdown_flush_timeout, Duration::from_secs(30));
+    assert_eq!(c.store.spill_dir, PathBuf::from("data/ledger-spill"));
+    let with_store = |store: &str| parse(&format!("[store]\n{store}\n{MINIMAL}"));
+    let c = with_store("url = \"sqlite:///var/lib/quipu/quipu.db\"").unwrap();
+    assert_eq!(
+        c.store.spill_dir,
+        PathBuf::from("/var/lib/quipu/ledger-spill")
+    );
+    let c = with_store("url = \"sqlite://quipu.db\"").unwrap();
+    assert_eq!(c.store.spill_dir, PathBuf::from("ledger-spill"));
+    for url in ["postgres://q@db/quipu", "sqlite://:memory:"] {
+        let c = with_store(&format!("url = \"{url}\"")).unwrap();
+        assert_eq!(
+            c.store.spill_dir,
+            PathBuf::from("data/ledger-spill"),
+            "{url}"
+        );
+    }
+    let c = with_store("spill_dir = \"/srv/spill\"\nshutdown_flush_timeout_s = 5").unwrap();
+    assert_eq!(c.store.spill_dir, PathBuf::from("/srv/spill"));
+    assert_eq!(c.store.shutdown_flush_timeout, Duration::from_secs(5));
+    for bad in ["0", "3601"] {
+        let e = with_store(&format!("shutdown_flush_timeout_s = {bad}")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("store.shutdown_flush_timeout_s must be between 1 and 3600"),
+            "{e}"
+        );
+        assert!(e.to_string().contains(&format!("got {bad}")), "{e}");
+    }
+    let e = with_store("spill_dir = \" \"").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("store.spill_dir must name a directory"),
+        "{e}"
+    );
+}
+
+#[test]
+fn head_and_key_poll_limits_are_bounded() {
+    for (server, store, needle) in [
+        (
+            "max_header_bytes = 100",
+            "",
+            "server.max_header_bytes must be between 1024 and 1048575",
+        ),
+        ("max_header_bytes = 2000000", "", "server.max_header_bytes"),
+        (
+            "",
+            "key_refresh_ms = 2000",
+            "store.key_refresh_ms must be between 1 and 1500",
+        ),
+    ] {
+        let text = format!("{MINIMAL}\n[server]\n{server}\n[store]\n{store}\n");
+        let e = parse(&text).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+    let c = parse(&format!("{MINIMAL}\n[server]\nmax_header_bytes = 8192\n")).unwrap();
+    assert_eq!(c.server.max_header_bytes, 8192);
+    assert_eq!(parse(MINIMAL).unwrap().server.max_header_bytes, 64 * 1024);
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    let e = parse(&format!("{MINIMAL}\n[server]\nlisten_port = 1\n")).unwrap_err();
+    assert!(e.to_string().contains("listen_port"), "{e}");
+}
+
+#[test]
+fn secrets_from_environment() {
+    let text = format!("{MINIMAL}\n[server]\nadmin_token = \"env:QUIPU_TEST_TOKEN\"\n");
+    let raw: RawConfig = toml::from_str(&text).unwrap();
+    let e = Config::from_raw(raw, &no_env).unwrap_err();
+    assert!(e.0[0].contains("QUIPU_TEST_TOKEN"));
+    let raw: RawConfig = toml::from_str(&text).unwrap();
+    let c = Config::from_raw(raw, &|n| {
+        (n == "QUIPU_TEST_TOKEN").then(|| "0123456789abcdef-token".to_owned())
+    })
+    .unwrap();
+    assert_eq!(
+        c.server.admin_token.as_deref(),
+        Some("0123456789abcdef-token")
+    );
+}
+
+#[test]
+fn thinking_switch_may_not_override_reserved_fields() {
+    let text = format!("{MINIMAL}thinking_on = {{ stream = false }}\n");
+    let e = parse(&text).unwrap_err();
+    assert!(e.0[0].contains("models[0].thinking_on may not set \"stream\""));
+    let text = format!("{MINIMAL}thinking_off = {{ add_generation_prompt = false }}\n");
+    let e = parse(&text).unwrap_err();
+    assert!(
+        e.0[0].contains("may not set \"add_generation_prompt\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn absurd_rates_are_refused_at_validation() {
+    let text = MINIMAL.replace("output = \"0.80\"", "output = \"80000000\"");
+    let e = parse(&text).unwrap_err();
+    assert!(e.0[0].starts_with("models[0].prices.output:"), "{e}");
+    assert!(e.0[0].contains("S/ 1 per token"), "{e}");
+}
+
+#[test]
+fn image_url_policies() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.security.image_urls, ImageUrlPolicy::Forward);
+    for (v, want) in [
+        ("forward", ImageUrlPolicy::Forward),
+        ("forward_any", ImageUrlPolicy::ForwardAny),
+        ("reject", ImageUrlPolicy::Reject),
+    ] {
+        let c = parse(&format!("[security]\nimage_urls = \"{v}\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.security.image_urls, want);
+    }
+    let e = parse(&format!("[security]\nimage_urls = \"any\"\n{MINIMAL}")).unwrap_err();
+    assert!(e.0[0].contains("forward_any"), "{e}");
+}
+
+#[test]
+fn prefill_switch_defaults_on() {
+    assert!(parse(MINIMAL).unwrap().models[0].prefill);
+    let c = parse(&format!("{MINIMAL}prefill = false\n")).unwrap();
+    assert!(!c.models[0].prefill);
+    let e = parse(&format!("{MINIMAL}prefill = \"yes\"\n")).unwrap_err();
+    assert!(e.to_string().contains("prefill"), "{e}");
+}
+
+#[test]
+fn url_redaction() {
+    assert_eq!(
+        redact_url("postgres://quipu:secret@db:5432/quipu"),
+        "postgres://quipu:***@db:5432/quipu"
+    );
+    assert_eq!(redact_url("sqlite://data/q.db"), "sqlite://data/q.db");
+}
