@@ -3,6 +3,7 @@
 //! By syntax alone: a host name is kept as written and resolved later by the binary, once at
 //! `serve` start (`quipu::upstream::resolve`), never here and never on the request path.
 
+use http::uri::{Authority, InvalidUri, Uri};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// One upstream server of a model.
@@ -40,73 +41,80 @@ impl Replica {
 /// address, which a connect attempt can never reach.
 const UNRESOLVED: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
 
-/// Parses `http://host:port[/path]`, by syntax alone: the host is an IPv4 literal, a bracketed
-/// IPv6 literal or a host name (letters, digits, `-`, `_`, dot-separated labels); the port
-/// defaults to 80. Names are resolved later, by the binary (`quipu::upstream::resolve`).
+/// Parses `http://host[:port][/path]`, by syntax alone. The URL's grammar is RFC 3986's, read
+/// by [`http::Uri`]; what it may say is Quipu's: the scheme is `http`; there is a host and no
+/// credentials, query or fragment; the host is an IPv4 literal, a bracketed IPv6 literal or a
+/// host name ([`is_host_name`]); the port, 80 if absent, is 1 to 65535; the path, `/v1` if
+/// absent, is the OpenAI API root. Names are resolved later, by the binary
+/// (`quipu::upstream::resolve`).
 pub fn parse_replica(url: &str) -> Result<Replica, String> {
-    let rest = if let Some(r) = url.strip_prefix("http://") {
-        r
-    } else if url.starts_with("https://") {
-        return Err(format!(
-            "\"{url}\": https upstreams are not supported by this build; reach the upstream over http inside its network"
-        ));
-    } else {
-        return Err(format!(
-            "\"{url}\" must start with http:// (e.g. \"http://10.0.0.5:8000/v1\")"
-        ));
-    };
-    let (authority, path) = match rest.find(['/', '?', '#']) {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if path.contains(['?', '#']) {
+    if !url.starts_with("http://") {
+        return Err(if url.starts_with("https://") {
+            format!(
+                "\"{url}\": https upstreams are not supported by this build; reach the upstream over http inside its network"
+            )
+        } else {
+            format!("\"{url}\" must start with http:// (e.g. \"http://10.0.0.5:8000/v1\")")
+        });
+    }
+    let uri: Uri = url.parse().map_err(|e| unparsable(url, &e))?;
+    // `Uri` drops a fragment without a word: look for one in the text.
+    if uri.query().is_some() || url.contains('#') {
         return Err(format!(
             "\"{url}\": an upstream URL is a base path; remove the query or fragment"
         ));
     }
-    if authority.is_empty() || authority.contains('@') {
-        return Err(format!("\"{url}\" has no host"));
-    }
-    let (host, port_text) = if let Some(v6) = authority.strip_prefix('[') {
-        let (inside, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("\"{url}\": an IPv6 host needs its closing `]`"))?;
-        let port = match after {
-            "" => None,
-            p => Some(
-                p.strip_prefix(':')
-                    .ok_or_else(|| format!("\"{url}\": expected `:port` after the IPv6 host"))?,
-            ),
-        };
-        (inside, port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    let port = match port_text {
-        None => 80,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("\"{url}\": the port must be a number from 1 to 65535"))?,
-    };
-    let ip: Option<IpAddr> = if authority.starts_with('[') {
-        Some(IpAddr::V6(host.parse::<Ipv6Addr>().map_err(|_| {
-            format!("\"{url}\": \"{host}\" is not an IPv6 address")
-        })?))
-    } else if let Ok(v4) = host.parse::<Ipv4Addr>() {
-        Some(IpAddr::V4(v4))
-    } else if is_host_name(host) {
-        None
-    } else {
+    let authority = uri
+        .authority()
+        .map(Authority::as_str)
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| no_host(url))?;
+    if authority.contains('@') {
         return Err(format!(
-            "\"{url}\": \"{host}\" is neither an IP address nor a host name"
+            "\"{url}\": credentials in an upstream URL are not sent; remove them and set upstream_api_key"
         ));
+    }
+    // `Uri` reads the host and port leniently (`[::1]x`, `host:http` pass with no port), so the
+    // text after the host is checked here.
+    let host_text = uri.host().unwrap_or_default();
+    if host_text.is_empty() {
+        return Err(no_host(url));
+    }
+    // The authority is the host then the port (no credentials, checked above).
+    let after_host = authority
+        .strip_prefix(host_text)
+        .ok_or_else(|| no_host(url))?;
+    let port = match after_host {
+        "" => 80,
+        after => match after.strip_prefix(':') {
+            Some(p) if p.bytes().all(|b| b.is_ascii_digit()) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad_port(url))?,
+            Some(_) => return Err(bad_port(url)),
+            None => return Err(format!("\"{url}\": expected `:port` after the IPv6 host")),
+        },
     };
-    let path = path.trim_end_matches('/');
+    let (host, ip) = match host_text
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+    {
+        Some(v6) => match v6.parse::<Ipv6Addr>() {
+            Ok(ip) => (v6, Some(IpAddr::V6(ip))),
+            Err(_) => return Err(format!("\"{url}\": \"{v6}\" is not an IPv6 address")),
+        },
+        None => match host_text.parse::<Ipv4Addr>() {
+            Ok(ip) => (host_text, Some(IpAddr::V4(ip))),
+            Err(_) if is_host_name(host_text) => (host_text, None),
+            Err(_) => {
+                return Err(format!(
+                    "\"{url}\": \"{host_text}\" is neither an IP address nor a host name"
+                ))
+            }
+        },
+    };
+    let path = uri.path().trim_end_matches('/');
     let api_base = if path.is_empty() {
         "/v1".to_owned()
     } else {
@@ -121,6 +129,39 @@ pub fn parse_replica(url: &str) -> Result<Replica, String> {
         chat_path: format!("{api_base}/chat/completions"),
         api_base,
     })
+}
+
+fn no_host(url: &str) -> String {
+    format!("\"{url}\" has no host")
+}
+
+fn bad_port(url: &str) -> String {
+    format!("\"{url}\": the port must be a number from 1 to 65535")
+}
+
+/// Why `Uri` refused an `http://` URL, in the operator's terms where the cause is plain.
+fn unparsable(url: &str, e: &InvalidUri) -> String {
+    let authority = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split(['/', '?', '#']).next())
+        .unwrap_or_default();
+    if authority.is_empty() {
+        no_host(url)
+    } else if authority.starts_with('[') && !authority.contains(']') {
+        format!("\"{url}\": an IPv6 host needs its closing `]`")
+    } else {
+        let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+        if host.parse::<Ipv6Addr>().is_ok() {
+            return format!(
+                "\"{url}\": an IPv6 host is written in brackets (e.g. \"http://[fd00::5]:8000/v1\")"
+            );
+        }
+        if authority.starts_with('[') || is_host_name(host) || host.parse::<Ipv4Addr>().is_ok() {
+            format!("\"{url}\" is not a valid URL ({e}); write it like \"http://10.0.0.5:8000/v1\"")
+        } else {
+            format!("\"{url}\": \"{host}\" is neither an IP address nor a host name")
+        }
+    }
 }
 
 /// A DNS name as resolvers take it: dot-separated labels of letters, digits, `-` and `_`
