@@ -6,7 +6,8 @@
 # Installs what is missing (scripts/deps.sh), checks formatting and lints, builds the workspace
 # in release mode once, starts a throwaway PostgreSQL, then runs the Rust tests (unit, store
 # suite on SQLite and PostgreSQL, translator conformance) and the Python integration suites
-# (real quipu + simulator processes, official openai/anthropic SDKs, Claude Code, Prometheus).
+# (real quipu + simulator processes, official openai/anthropic SDKs, Claude Code, Prometheus, a
+# real llama.cpp llama-server built from source and cached between runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
@@ -25,6 +26,12 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 
 step "build"
 cargo build --release --workspace
+
+step "llama-server"
+# A real llama.cpp server for tests/python/test_llama_cpp.py, built from source once per machine
+# (cached outside the repository, see the script); later runs find it at once.
+QUIPU_LLAMA_SERVER="${QUIPU_LLAMA_SERVER:-$(scripts/llama-server.sh)}"
+export QUIPU_LLAMA_SERVER
 
 step "postgresql"
 pg_env="$(scripts/pg-test.sh start)"

@@ -6,7 +6,7 @@
 //! except the relay of a stream.
 
 use super::ctx::{Admitted, Books};
-use super::{body, relay, Failure, Gateway, Outcome, Reply, RequestCtx};
+use super::{body, count, relay, Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::billing::policy::{self, display::cost_text};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::metrics::m;
@@ -56,7 +56,7 @@ async fn admit_and_relay(
     let body = body::read(session, server).await.map_err(Reply::from)?;
 
     let translated = match ctx.route {
-        Route::CountTokens => return Ok(relay::count_tokens(gw, session, ctx, &body).await),
+        Route::CountTokens => return Ok(count::count_tokens(gw, session, ctx, &body).await),
         Route::Chat | Route::Messages => match ctx.format {
             ClientFormat::Chat => chat::chat_to_upstream(&body, &gw.config),
             ClientFormat::Messages => messages::messages_to_upstream(&body, &gw.config),

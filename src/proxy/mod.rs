@@ -21,6 +21,7 @@
 
 pub mod api;
 mod body;
+mod count;
 pub mod ctx;
 mod local;
 mod observe;

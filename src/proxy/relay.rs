@@ -10,19 +10,17 @@
 //! **Timeouts: one deadline per phase.** A non-streaming request has `request_ms` for the whole
 //! exchange (response header and body together); a stream has `first_byte_ms` from the request
 //! being sent to the first body byte (the response header comes within the same deadline), then
-//! `idle_ms` between chunks. A `count_tokens` call has `first_byte_ms` for its whole exchange.
-//! Retries on another replica share the deadline of the request they retry.
+//! `idle_ms` between chunks. Retries on another replica share the deadline of the request they retry.
 
 use super::stream;
 use super::{Failure, Gateway, Outcome, Reply, RequestCtx};
-use crate::config::ModelId;
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::h1::Method;
 use crate::http::client::{self, Call, UpstreamError, UpstreamResponse};
 use crate::http::deadline;
 use crate::metrics::m;
 use crate::translate::chat::{upstream_to_chat, ChatStream};
-use crate::translate::messages::{self, upstream_to_message, MessagesStream};
+use crate::translate::messages::{upstream_to_message, MessagesStream};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{malformed_stream, ResponseContext, StreamTranslator, UpstreamRequest};
 use crate::upstream::{block_hashes, ReplicaGuard};
@@ -271,151 +269,5 @@ pub async fn completion(
             ctx.usage = usage_of_completion(&body);
             Failure::new(Outcome::UpstreamError, e).into()
         }
-    }
-}
-
-/// `POST /v1/messages/count_tokens`: the prompt counted by a replica's tokenizer.
-pub async fn count_tokens(
-    gw: &Gateway,
-    session: &mut ServerSession,
-    ctx: &mut RequestCtx,
-    body: &[u8],
-) -> Reply {
-    let (model, tokenize_body) = match messages::count_tokens_to_upstream(body, &gw.config) {
-        Ok(r) => r,
-        Err(e) => return Failure::refused(e).into(),
-    };
-    ctx.model = Some(model);
-    let Some(caller) = ctx.caller.clone() else {
-        return Failure::new(Outcome::InternalError, super::internal_error()).into();
-    };
-    if let Err(f) = super::api::rate_limit(gw, &caller) {
-        return f.into();
-    }
-    let by = deadline(
-        tokio::time::Instant::now(),
-        gw.config.models[model].timeouts.first_byte,
-    );
-    let started = Instant::now();
-    let result = tokio::select! {
-        r = tokenize(gw, ctx, model, &tokenize_body, by) => Some(r),
-        _ = client_gone(session) => None,
-    };
-    ctx.upstream.time += started.elapsed();
-    let upstream = match result {
-        Some(Ok(upstream)) => upstream,
-        Some(Err(f)) => return f.into(),
-        None => {
-            m().client_disconnects
-                .with_label_values(&[ctx.route.as_str()])
-                .inc();
-            return Failure::client_gone().into();
-        }
-    };
-    match messages::tokenize_to_count_tokens(&upstream) {
-        Ok(out) => Reply::Json(Bytes::from(out)),
-        Err(e) => Failure::new(Outcome::UpstreamError, e).into(),
-    }
-}
-
-/// Asks a replica's tokenizer to count a prompt; returns the upstream body. The whole
-/// exchange, failovers included, has the deadline `by`.
-async fn tokenize(
-    gw: &Gateway,
-    ctx: &mut RequestCtx,
-    model_id: ModelId,
-    body: &[u8],
-    by: tokio::time::Instant,
-) -> Result<Vec<u8>, Failure> {
-    let model = &gw.config.models[model_id];
-    let pool = &gw.pools[model_id];
-    let timed_out = || {
-        Failure::new(
-            Outcome::Timeout,
-            ApiError::new(
-                ErrorKind::UpstreamTimeout,
-                "the tokenizer did not answer in time",
-            ),
-        )
-    };
-    let mut tried = Vec::new();
-    loop {
-        let guard = pool.pick(&[], &tried).ok_or_else(|| {
-            Failure::new(
-                Outcome::UpstreamUnavailable,
-                ApiError::new(
-                    ErrorKind::Overloaded { retry_after: 1 },
-                    format!("no healthy replica serves `{}` right now", model.slug),
-                ),
-            )
-        })?;
-        ctx.upstream.attempts += 1;
-        ctx.upstream.replica = Some(guard.index);
-        let call = Call {
-            method: Method::Post,
-            replica: guard.replica(),
-            timeouts: &model.timeouts,
-            path: &model.tokenize_path,
-            body,
-            request_id: &ctx.request_id,
-            api_key: model.upstream_api_key.as_deref(),
-            header_deadline: by,
-        };
-        let mut resp = match client::send(&gw.connector, &call).await {
-            Ok(r) => r,
-            Err(UpstreamError::Timeout) => return Err(timed_out()),
-            Err(e) => {
-                guard.failed(e.kind());
-                tried.push(guard.index);
-                continue;
-            }
-        };
-        let status = resp.status;
-        let read = resp.read_all_by(MAX_ERROR_BODY * 4, by).await;
-        resp.finish(&gw.connector);
-        let body = match read {
-            Ok(b) => b,
-            Err(UpstreamError::Timeout) => return Err(timed_out()),
-            Err(e) => {
-                return Err(Failure::new(
-                    Outcome::UpstreamError,
-                    malformed_stream(&e.to_string()),
-                ))
-            }
-        };
-        return match status {
-            200 => {
-                guard.succeeded();
-                Ok(body.to_vec())
-            }
-            404 | 405 | 501 => Err(Failure::new(
-                Outcome::UpstreamError,
-                ApiError::new(
-                    ErrorKind::TokenizerUnavailable,
-                    format!(
-                        "`{}` cannot count tokens: its server offers no tokenizer at {}",
-                        model.slug, model.tokenize_path
-                    ),
-                ),
-            )),
-            _ => {
-                if status >= 500 {
-                    guard.failed(&format!("status_{status}"));
-                }
-                Err(Failure::new(
-                    Outcome::UpstreamError,
-                    map_upstream_error(
-                        &UpstreamFailure {
-                            status,
-                            body: &body,
-                            retry_after: None,
-                            upstream_model: &model.upstream_model,
-                            slug: &model.slug,
-                        },
-                        ClientFormat::Messages,
-                    ),
-                ))
-            }
-        };
     }
 }

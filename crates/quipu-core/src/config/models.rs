@@ -1,5 +1,6 @@
 //! `[[models]]`: each model's upstream name, replicas, prices, timeouts, health checks,
-//! routing and per-model switches (reasoning on/off, continuous usage, prefill), validated.
+//! routing, server kind and per-model switches (reasoning on/off, continuous usage, prefill),
+//! validated.
 //! Replica URLs are parsed in [`super::replica`].
 
 use super::raw::RawModel;
@@ -8,6 +9,7 @@ use super::secrets::secret;
 use super::ModelId;
 use crate::billing::Prices;
 use crate::money::Rate;
+use crate::upstream_profile::ServerChoice;
 use std::time::Duration;
 
 /// How a replica is picked among a model's healthy replicas.
@@ -40,7 +42,10 @@ pub struct Model {
     pub continuous_usage: bool,
     /// Continue a final assistant message (see [`RawModel::prefill`]).
     pub prefill: bool,
-    pub tokenize_path: String,
+    /// A configured count endpoint (vLLM's chat form), else the server's own.
+    pub tokenize_path: Option<String>,
+    /// Which server the replicas run (see `upstream_profile`).
+    pub server: ServerChoice,
     pub routing: Routing,
 }
 
@@ -207,12 +212,18 @@ pub(super) fn validate_models(
                 m.health.path
             ));
         }
-        if !m.tokenize_path.starts_with('/') {
+        if let Some(path) = m.tokenize_path.as_deref().filter(|p| !p.starts_with('/')) {
             errs.push(format!(
-                "{key}.tokenize_path must start with '/', got \"{}\"",
-                m.tokenize_path
+                "{key}.tokenize_path must start with '/', got \"{path}\""
             ));
         }
+        let server = ServerChoice::parse(&m.server).unwrap_or_else(|| {
+            errs.push(format!(
+                "{key}.server must be \"auto\", \"vllm\", \"sglang\" or \"llama.cpp\", got \"{}\"",
+                m.server
+            ));
+            ServerChoice::Auto
+        });
         let routing = match m.routing.as_str() {
             "least_loaded" => Routing::LeastLoaded,
             "round_robin" => Routing::RoundRobin,
@@ -258,6 +269,7 @@ pub(super) fn validate_models(
             continuous_usage: m.continuous_usage,
             prefill: m.prefill,
             tokenize_path: m.tokenize_path,
+            server,
             routing,
         });
     }

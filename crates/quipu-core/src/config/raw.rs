@@ -230,8 +230,13 @@ pub struct RawModel {
     /// Turn off for upstreams that reject the fields.
     #[serde(default = "default_true")]
     pub prefill: bool,
-    #[serde(default = "default_tokenize_path")]
-    pub tokenize_path: String,
+    /// An endpoint that counts vLLM's chat form (`/v1/messages/count_tokens`), replacing the
+    /// server's own (see `upstream_profile`).
+    #[serde(default)]
+    pub tokenize_path: Option<String>,
+    /// `"vllm"`, `"sglang"`, `"llama.cpp"`, or `"auto"` to detect each replica's server.
+    #[serde(default = "default_server")]
+    pub server: String,
     /// `least_loaded`, `round_robin` or `prefix_affinity`.
     #[serde(default = "default_routing")]
     pub routing: String,
@@ -243,8 +248,8 @@ fn default_context_window() -> u64 {
 fn default_true() -> bool {
     true
 }
-fn default_tokenize_path() -> String {
-    "/tokenize".into()
+fn default_server() -> String {
+    "auto".into()
 }
 fn default_routing() -> String {
     "prefix_affinity".into()

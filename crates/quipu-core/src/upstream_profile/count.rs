@@ -32,8 +32,9 @@ pub enum Next {
 /// Why a count failed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum CountError {
-    /// The server offers no way to count a chat prompt (the endpoint is missing).
-    Unsupported(&'static str),
+    /// The server offers no way to count a chat prompt (the endpoint is missing): why, for
+    /// the client.
+    Unsupported(String),
     /// The server refused the call: its status and body, for the error mapper.
     Upstream { status: u16, body: Vec<u8> },
     /// A 200 whose body is not what the endpoint answers.
@@ -56,6 +57,8 @@ enum Step {
 pub struct PromptCount {
     server: Server,
     root: String,
+    /// The path of the call in flight.
+    path: String,
     chat_body: Vec<u8>,
     step: Step,
 }
@@ -84,12 +87,13 @@ impl PromptCount {
             ),
         };
         let call = Call {
-            path,
+            path: path.clone(),
             body: chat_body.clone(),
         };
         let count = PromptCount {
             server,
             root,
+            path,
             chat_body,
             step,
         };
@@ -102,17 +106,21 @@ impl PromptCount {
         if missing && self.step == Step::InputTokens {
             // An older llama.cpp: render, then tokenize.
             self.step = Step::ApplyTemplate;
+            self.path = format!("{}{}", self.root, llamacpp::APPLY_TEMPLATE_PATH);
             return Next::Send(Call {
-                path: format!("{}{}", self.root, llamacpp::APPLY_TEMPLATE_PATH),
+                path: self.path.clone(),
                 body: std::mem::take(&mut self.chat_body),
             });
         }
         if missing {
-            return Next::Failed(CountError::Unsupported(match self.server {
-                Server::Vllm => "its vLLM server offers no /tokenize",
-                Server::Sglang => "its SGLang server counts chat prompts from version 0.5.12",
-                Server::LlamaCpp => "its llama.cpp server offers no tokenizer",
-            }));
+            let hint = match self.server {
+                Server::Sglang => " (SGLang counts chat prompts from version 0.5.12)",
+                Server::Vllm | Server::LlamaCpp => "",
+            };
+            return Next::Failed(CountError::Unsupported(format!(
+                "its {} server offers no tokenizer at {}{hint}",
+                self.server, self.path
+            )));
         }
         if status != 200 {
             return Next::Failed(CountError::Upstream {
@@ -155,8 +163,9 @@ impl PromptCount {
                 write_json_str(&mut text, &r.prompt);
                 text.extend_from_slice(b",\"add_special\":true,\"parse_special\":true}");
                 self.step = Step::TextTokenize;
+                self.path = format!("{}{}", self.root, llamacpp::TOKENIZE_PATH);
                 Next::Send(Call {
-                    path: format!("{}{}", self.root, llamacpp::TOKENIZE_PATH),
+                    path: self.path.clone(),
                     body: text,
                 })
             }
@@ -212,10 +221,12 @@ mod tests {
             Next::Counted(2)
         );
         let (mut old, _) = PromptCount::start(Server::Sglang, "/v1", None, BODY.to_vec());
-        assert!(matches!(
-            old.answer(404, br#"{"detail":"Not Found"}"#),
-            Next::Failed(CountError::Unsupported(_))
-        ));
+        let Next::Failed(CountError::Unsupported(why)) =
+            old.answer(404, br#"{"detail":"Not Found"}"#)
+        else {
+            panic!("a missing endpoint is unsupported")
+        };
+        assert!(why.contains("no tokenizer at /v1/tokenize") && why.contains("0.5.12"), "{why}");
     }
 
     #[test]
