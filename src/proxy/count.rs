@@ -13,9 +13,9 @@ use crate::h1::Method;
 use crate::http::client::{self, Call, UpstreamError};
 use crate::http::deadline;
 use crate::metrics::m;
+use crate::translate::malformed_stream;
 use crate::translate::messages;
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
-use crate::translate::malformed_stream;
 use crate::upstream::ModelPool;
 use crate::upstream_profile::count::{CountError, Next, PromptCount};
 use crate::upstream_profile::{Server, ServerChoice};
@@ -47,10 +47,7 @@ pub async fn count_tokens(
     if let Err(f) = super::api::rate_limit(gw, &caller) {
         return f.into();
     }
-    let by = deadline(
-        Deadline::now(),
-        gw.config.models[model].timeouts.first_byte,
-    );
+    let by = deadline(Deadline::now(), gw.config.models[model].timeouts.first_byte);
     let started = Instant::now();
     let result = tokio::select! {
         r = count(gw, ctx, model, chat_body, by) => Some(r),

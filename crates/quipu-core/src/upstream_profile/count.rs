@@ -226,7 +226,10 @@ mod tests {
         else {
             panic!("a missing endpoint is unsupported")
         };
-        assert!(why.contains("no tokenizer at /v1/tokenize") && why.contains("0.5.12"), "{why}");
+        assert!(
+            why.contains("no tokenizer at /v1/tokenize") && why.contains("0.5.12"),
+            "{why}"
+        );
     }
 
     #[test]

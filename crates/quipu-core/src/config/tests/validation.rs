@@ -190,16 +190,24 @@ fn prefill_switch_defaults_on() {
 fn the_server_kind_is_auto_unless_named() {
     use crate::upstream_profile::{Server, ServerChoice};
     let m = &parse(MINIMAL).unwrap().models[0];
-    assert_eq!((m.server, m.tokenize_path.as_deref()), (ServerChoice::Auto, None));
-    let c = parse(&format!("{MINIMAL}server = \"llama.cpp\"\ntokenize_path = \"/x/tokenize\"\n"))
-        .unwrap();
+    assert_eq!(
+        (m.server, m.tokenize_path.as_deref()),
+        (ServerChoice::Auto, None)
+    );
+    let c = parse(&format!(
+        "{MINIMAL}server = \"llama.cpp\"\ntokenize_path = \"/x/tokenize\"\n"
+    ))
+    .unwrap();
     let m = &c.models[0];
     assert_eq!(m.server, ServerChoice::Known(Server::LlamaCpp));
     assert_eq!(m.tokenize_path.as_deref(), Some("/x/tokenize"));
     let e = parse(&format!("{MINIMAL}server = \"tgi\"\n")).unwrap_err();
     assert!(e.to_string().contains(".server must be"), "{e}");
     let e = parse(&format!("{MINIMAL}tokenize_path = \"tokenize\"\n")).unwrap_err();
-    assert!(e.to_string().contains("tokenize_path must start with '/'"), "{e}");
+    assert!(
+        e.to_string().contains("tokenize_path must start with '/'"),
+        "{e}"
+    );
 }
 
 #[test]
