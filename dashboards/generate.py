@@ -463,6 +463,9 @@ def operations() -> dict:
                      [("sum(quipu_streams_open)", "open streams")], "short"), 6, 8)
     b.add(timeseries("Client disconnects", "Clients that went away before their response was complete, per second by route; their usage so far is still billed (quipu_client_disconnects_total).",
                      [(f"sum by (route) ({rate('quipu_client_disconnects_total')})", "{{route}}")], "reqps"), 6, 8)
+    b.add(timeseries("TLS and HTTP/2 refusals", "Client TLS handshakes that failed, by reason (quipu_tls_handshake_failures_total: error = garbage or refused, timeout = not finished in server.tls_handshake_timeout_ms), and HTTP/2 misbehaviour (quipu_http2_abuse_total: streams refused over the per-connection cap, connections closed for too many malformed streams or cancellations), per second. A burst is a scan or an attack; a steady rate, a misconfigured client.",
+                     [(f"sum by (reason) ({rate('quipu_tls_handshake_failures_total')})", "TLS {{reason}}"),
+                      (f"sum by (kind) ({rate('quipu_http2_abuse_total')})", "HTTP/2 {{kind}}")], "ops"), 24, 8)
 
     b.row("Ledger")
     flush = "quipu_ledger_flush_seconds"

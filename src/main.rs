@@ -217,9 +217,16 @@ fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
             if args.check {
+                let problems = quipu::server::check(&config);
+                if !problems.is_empty() {
+                    for p in &problems {
+                        let _ = writeln!(std::io::stderr(), "{p}");
+                    }
+                    return ExitCode::from(2);
+                }
                 let _ = writeln!(
                     std::io::stdout(),
-                    "configuration OK: {} models, store {}",
+                    "configuration OK: {} models, store {}; every upstream name resolves",
                     config.models.len(),
                     quipu::config::redact_url(&config.store.url)
                 );

@@ -24,12 +24,15 @@ use crate::auth::KeySnapshot;
 use crate::billing::{ledger, Accounts};
 use crate::catalog::Catalog;
 use crate::config::{redact_url, Config};
+use crate::http::tls::CertStore;
+use crate::http::upstream_tls::UpstreamTlsMaterial;
 use crate::http::{ConnLimits, Frontend, Lifecycle};
 use crate::metrics::m;
 use crate::metrics::Meters;
 use crate::proxy::Gateway;
 use crate::ratelimit::RateLimiter;
 use crate::store::Store;
+use crate::upstream::resolve::{check_names, Dns};
 use crate::upstream::ModelPool;
 use pingora::apps::http_app::{HttpServer, ServeHttp};
 use pingora::connectors::ConnectorOptions;
@@ -38,7 +41,6 @@ use pingora::listeners::{L4BufferSettings, ListenerConfig, DEFAULT_L4_WRITE_BUFF
 use pingora::protocols::http::ServerSession;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{ExecutionPhase, RunArgs, Server};
-use pingora::services::background::GenBackgroundService;
 use pingora::services::listening::Service;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -121,8 +123,7 @@ impl ServeHttp for MetricsApp {
 /// Runs the gateway until it is told to stop. Returns an error only for startup failures.
 pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     crate::logger::write_in_batches().map_err(|e| format!("cannot start the log writer: {e}"))?;
-    let config =
-        Arc::new(crate::upstream::resolve::resolve_upstreams(config).map_err(|e| e.to_string())?);
+    let config = Arc::new(config);
     let replica = replica_id(&config);
     let billing_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -173,8 +174,19 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     m().build_info
         .with_label_values(&[env!("CARGO_PKG_VERSION"), store.kind()])
         .set(1);
+    // Exported at 0 from the start, so an alert can fire on the first increase.
+    for reason in ["error", "timeout"] {
+        m().tls_handshake_failures.with_label_values(&[reason]);
+    }
+    for kind in [
+        crate::http::h2::Abuse::Refused,
+        crate::http::h2::Abuse::Rejected,
+        crate::http::h2::Abuse::Cancels,
+    ] {
+        let kind: &str = kind.into();
+        m().h2_abuse.with_label_values(&[kind]);
+    }
     for model in &config.models {
-        // Exported at 0 from the start, so an alert can fire on the first increase.
         m().unbilled_pen.with_label_values(&[model.slug.as_str()]);
         m().input_estimated
             .with_label_values(&[model.slug.as_str()]);
@@ -199,16 +211,20 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
 
     let mut pools = Vec::with_capacity(config.models.len());
     for model in &config.models {
-        let pool = ModelPool::new(model)
-            .map_err(|e| format!("model `{}`: cannot build its replica pool: {e}", model.slug))?;
-        let mut hc = GenBackgroundService::new(
-            format!("health checks of {}", model.slug),
-            pool.load_balancer(),
-        );
-        hc.threads = Some(1);
-        server.add_service(hc);
-        pools.push(pool);
+        pools.push(ModelPool::new(model, upstream_tls(model)?));
     }
+    let pools = Arc::new(pools);
+    let dns =
+        Dns::new(&config.server.dns_servers).map_err(|e| format!("server.dns_servers: {e}"))?;
+    billing_rt.spawn(crate::upstream::health::run(
+        pools.clone(),
+        config.models.clone(),
+    ));
+    billing_rt.spawn(crate::upstream::resolve::follow(
+        pools.clone(),
+        dns,
+        config.server.dns_refresh,
+    ));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let life = Arc::new(Lifecycle::default());
     let catalog = Catalog::new(&config).map_err(|e| format!("cannot render the catalog: {e}"))?;
@@ -227,14 +243,28 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         life: life.clone(),
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
     };
+    let certs = match &config.server.tls {
+        Some(files) => Some(CertStore::open(&files.cert, &files.key).map_err(|e| {
+            format!("server.tls: {e}; fix the files or remove [server.tls] to serve plain HTTP")
+        })?),
+        None => None,
+    };
+    reload_certificates_on_change(&billing_rt, certs.clone())?;
+    let acceptor = certs.as_ref().map(|c| c.acceptor(config.server.http2));
     let frontend = Frontend::new(
-        gateway,
+        Arc::new(gateway),
         life.clone(),
         ConnLimits {
             max_connections: config.server.max_connections,
             header_timeout: config.server.header_timeout,
             keepalive_s: config.server.keepalive_timeout_s,
+            tls_handshake_timeout: config.server.tls_handshake_timeout,
+            http2: config.server.http2,
+            h2c: config.server.h2c,
+            h2_max_streams: config.server.h2_max_streams,
+            max_header_bytes: u32::try_from(config.server.max_header_bytes).unwrap_or(u32::MAX),
         },
+        acceptor,
     );
     let mut proxy = Service::new("quipu api".into(), frontend);
     // No L4 read buffer on plain TCP: pingora reads headers into its own 4 KiB buffer and bodies
@@ -266,9 +296,15 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     }
 
     log::info!(
-        "quipu {} listening on {} (metrics {}, admin {}), store {}, replica {replica}",
+        "quipu {} listening on {} ({}; metrics {}, admin {}), store {}, replica {replica}",
         env!("CARGO_PKG_VERSION"),
         config.server.listen,
+        match (&config.server.tls, config.server.http2, config.server.h2c) {
+            (Some(_), true, _) => "TLS, HTTP/2 and HTTP/1.1",
+            (Some(_), false, _) => "TLS, HTTP/1.1",
+            (None, _, true) => "plain HTTP/1.1 and h2c",
+            (None, _, false) => "plain HTTP/1.1",
+        },
         config.server.metrics_listen,
         if config.server.admin_token.is_some() {
             config.server.admin_listen.to_string()
@@ -324,6 +360,104 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
 
     server.run(RunArgs::default());
     finish.finish();
+    Ok(())
+}
+
+/// A model's upstream TLS, loaded when one of its replicas is `https://`.
+fn upstream_tls(model: &crate::config::Model) -> Result<Option<Arc<UpstreamTlsMaterial>>, String> {
+    if !model.replicas.iter().any(|r| r.tls) {
+        return Ok(None);
+    }
+    let tls = UpstreamTlsMaterial::load(&model.upstream_tls)
+        .map_err(|e| format!("model `{}`: upstream_tls: {e}", model.slug))?;
+    if !tls.verify {
+        log::warn!(
+            "model `{}`: upstream_tls.verify = false — its https:// replicas' certificates are NOT verified",
+            model.slug
+        );
+    }
+    Ok(Some(Arc::new(tls)))
+}
+
+/// What `quipu serve --check` verifies beyond the configuration's syntax: the certificate and
+/// key files load, and every upstream host name resolves now. Returns the problems found.
+pub fn check(config: &Config) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(files) = &config.server.tls {
+        if let Err(e) = CertStore::open(&files.cert, &files.key) {
+            problems.push(format!("server.tls: {e}"));
+        }
+    }
+    for model in &config.models {
+        if let Err(e) = upstream_tls(model) {
+            problems.push(e);
+        }
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            problems.push(format!("cannot start a runtime to resolve names: {e}"));
+            return problems;
+        }
+    };
+    match Dns::new(&config.server.dns_servers) {
+        Ok(dns) => problems.extend(rt.block_on(check_names(config, &dns))),
+        Err(e) => problems.push(format!("server.dns_servers: {e}")),
+    }
+    problems
+}
+
+/// How often the certificate files are looked at for a replacement.
+const CERT_POLL: Duration = Duration::from_secs(5);
+
+/// Reloads the API listener's certificate on `SIGHUP` and when its files change. `SIGHUP` is
+/// handled even without TLS: pingora leaves it at its default action, which would kill the
+/// process, and operators send it after renewing certificates.
+fn reload_certificates_on_change(
+    rt: &tokio::runtime::Runtime,
+    certs: Option<Arc<CertStore>>,
+) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = rt
+        .block_on(async { signal(SignalKind::hangup()) })
+        .map_err(|e| format!("cannot handle SIGHUP: {e}"))?;
+    rt.spawn(async move {
+        let mut poll = tokio::time::interval(CERT_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let hangup = tokio::select! {
+                h = hangups.recv() => match h {
+                    Some(()) => true,
+                    None => return,
+                },
+                _ = poll.tick() => false,
+            };
+            let Some(certs) = &certs else {
+                if hangup {
+                    log::info!("SIGHUP: no TLS certificate to reload");
+                }
+                continue;
+            };
+            let (cert, key) = certs.paths();
+            let result = if hangup {
+                certs.reload().map(|()| true)
+            } else {
+                certs.reload_if_changed()
+            };
+            match result {
+                Ok(true) => log::info!(
+                    "TLS certificate reloaded from {} and {}; new connections get it",
+                    cert.display(),
+                    key.display()
+                ),
+                Ok(false) => {}
+                Err(e) => log::warn!("TLS certificate not reloaded, the old one stays: {e}"),
+            }
+        }
+    });
     Ok(())
 }
 

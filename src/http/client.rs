@@ -18,13 +18,15 @@
 //! stream. The bytes of the request and the response framing are [`crate::h1`]'s, pure and
 //! tested there; this module only does the I/O.
 
-use crate::config::{Replica, Timeouts};
+use super::upstream_tls::UpstreamTlsMaterial;
+use crate::config::Timeouts;
 use crate::h1::{self, Body, Head, Step};
 use bytes::Bytes;
 use pingora::connectors::TransportConnector;
 use pingora::protocols::Stream;
 use pingora::upstreams::peer::{HttpPeer, Peer};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -100,8 +102,32 @@ struct Connection {
     keep_alive: bool,
 }
 
-fn peer_for(replica: &Replica, timeouts: &Timeouts) -> HttpPeer {
-    let mut peer = HttpPeer::new(replica.addr, false, String::new());
+/// Where one exchange goes: a replica's current address, its `Host`, and its TLS, if any.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub addr: SocketAddr,
+    /// `host:port` as configured, sent as `Host`.
+    pub authority: &'a str,
+    /// `https://`: the server name to send and verify, and the model's TLS settings.
+    pub tls: Option<(&'a str, &'a UpstreamTlsMaterial)>,
+}
+
+/// The pingora peer of a target. With TLS, pingora's rustls connector verifies the server
+/// against the CA (or the system's roots) unless `verify = false`, and presents the client
+/// certificate if one is set; the handshake shares the connect timeout.
+fn peer_for(target: &Target<'_>, timeouts: &Timeouts) -> HttpPeer {
+    let mut peer = match target.tls {
+        None => HttpPeer::new(target.addr, false, String::new()),
+        Some((sni, tls)) => {
+            let mut peer = HttpPeer::new(target.addr, true, sni.to_owned());
+            peer.options.verify_cert = tls.verify;
+            peer.options.verify_hostname = tls.verify;
+            peer.options.ca = tls.ca.clone();
+            peer.client_cert_key = tls.client.clone();
+            peer.group_key = tls.group_key;
+            peer
+        }
+    };
     peer.options.connection_timeout = Some(timeouts.connect);
     peer.options.total_connection_timeout = Some(timeouts.connect);
     peer
@@ -123,7 +149,7 @@ fn connect_error(e: Box<pingora::Error>) -> UpstreamError {
 pub struct Call<'a> {
     /// `POST` with `body`, or `GET` (with an empty `body`).
     pub method: h1::Method,
-    pub replica: &'a Replica,
+    pub target: Target<'a>,
     pub timeouts: &'a Timeouts,
     /// Request path, e.g. `/v1/chat/completions`.
     pub path: &'a str,
@@ -158,7 +184,7 @@ async fn send_unboxed(
 ) -> Result<UpstreamResponse, UpstreamError> {
     let Call {
         method,
-        replica,
+        target,
         timeouts,
         path,
         body,
@@ -166,11 +192,11 @@ async fn send_unboxed(
         api_key,
         header_deadline,
     } = *call;
-    let peer = peer_for(replica, timeouts);
+    let peer = peer_for(&target, timeouts);
     let request = h1::Request {
         method,
         path,
-        authority: &replica.authority,
+        authority: target.authority,
         body,
         request_id,
         api_key,

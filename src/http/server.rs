@@ -36,15 +36,19 @@
 //! connections itself and lets started requests finish.
 
 use super::deadline;
+use super::h2::{self, H2Limits};
 use pingora::apps::{HttpPersistentSettings, ReusedHttpStream, ServerApp};
+use pingora::listeners::tls::Acceptor;
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::Stream;
+use pingora::protocols::l4::stream::Stream as L4Stream;
+use pingora::protocols::{Stream, ALPN};
 use pingora::server::ShutdownWatch;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
+use tokio::io::AsyncReadExt;
 use tokio::time::{sleep_until, Instant};
 
 /// After a shutdown starts, how long a connection that has not delivered a whole request head
@@ -54,13 +58,23 @@ pub const LATE_HEAD_GRACE: Duration = Duration::from_secs(2);
 /// Serves one request of a connection, from reading its head to the end of its response.
 pub trait ServeRequest: Send + Sync + 'static {
     /// Reads a request head from `session`, sets `head_read` once it has arrived whole (the
-    /// head deadline then no longer applies), answers it, and returns the connection if it can
-    /// carry another request.
+    /// head deadline then no longer applies), answers it, and says whether the connection can
+    /// carry another request (HTTP/1.1) and whether the client cancelled it.
     fn serve(
         &self,
         session: ServerSession,
         head_read: &AtomicBool,
-    ) -> impl Future<Output = Option<ReusedHttpStream>> + Send;
+    ) -> impl Future<Output = Served> + Send;
+}
+
+/// What became of one served request, for the connection loop.
+#[derive(Debug, Default)]
+pub struct Served {
+    /// HTTP/1.1: the connection, if it can carry another request.
+    pub next: Option<ReusedHttpStream>,
+    /// The client went away before its response was complete (HTTP/2 counts these, see
+    /// [`super::h2`]).
+    pub cancelled: bool,
 }
 
 /// Open connections and the draining flag, for the connection cap and the drain.
@@ -93,6 +107,11 @@ impl Lifecycle {
 
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// The draining flag itself, for loops that poll it.
+    pub fn draining_flag(&self) -> &AtomicBool {
+        &self.draining
     }
 
     fn open_connection(&self, max: usize) -> Option<Held<'_>> {
@@ -129,49 +148,75 @@ pub struct ConnLimits {
     pub max_connections: usize,
     pub header_timeout: Duration,
     pub keepalive_s: u64,
+    /// A TLS handshake must finish within this (and within the head deadline).
+    pub tls_handshake_timeout: Duration,
+    /// HTTP/2: over TLS when ALPN picks it; with prior knowledge on a plain listener when
+    /// `h2c` is set.
+    pub http2: bool,
+    pub h2c: bool,
+    /// Concurrent streams per HTTP/2 connection.
+    pub h2_max_streams: u32,
+    /// `server.max_header_bytes`, for HTTP/2's header-list limit.
+    pub max_header_bytes: u32,
 }
+
+/// The protocol a connection speaks, once its first bytes (or its ALPN) said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// The HTTP/2 connection preface a prior-knowledge (h2c) client starts with.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The request server behind a connection cap, a head deadline and a drain-aware keep-alive loop.
 pub struct Frontend<A> {
     app: Arc<A>,
     life: Arc<Lifecycle>,
     limits: ConnLimits,
+    /// Set on a TLS listener: the handshake runs here (see [`super::tls`] for why).
+    tls: Option<Acceptor>,
     epoch: std::time::Instant,
 }
 
 impl<A> Frontend<A> {
-    pub fn new(app: A, life: Arc<Lifecycle>, limits: ConnLimits) -> Self {
+    /// A listener's server; `tls` makes it a TLS listener.
+    pub fn new(
+        app: Arc<A>,
+        life: Arc<Lifecycle>,
+        limits: ConnLimits,
+        tls: Option<Acceptor>,
+    ) -> Self {
         Frontend {
-            app: Arc::new(app),
+            app,
             life,
             limits,
+            tls,
             epoch: std::time::Instant::now(),
         }
     }
 }
 
-/// Resolves once the server is shutting down.
-async fn shutting_down(shutdown: &mut ShutdownWatch) {
-    if shutdown.wait_for(|s| *s).await.is_err() {
-        // The server is gone: nothing will ever be served again.
-        std::future::pending::<()>().await;
-    }
+/// Why a TLS handshake failed (a metric label).
+fn count_handshake_failure(reason: &'static str) {
+    crate::metrics::m()
+        .tls_handshake_failures
+        .with_label_values(&[reason])
+        .inc();
 }
 
-#[async_trait::async_trait]
-impl<A: ServeRequest> ServerApp for Frontend<A> {
-    async fn process_new(
-        self: &Arc<Self>,
+impl<A: ServeRequest> Frontend<A> {
+    /// The HTTP/1.1 keep-alive loop of one connection (pipelined requests included: each is
+    /// answered in order, RFC 9112 §9.3.2).
+    async fn http1(
+        &self,
         mut stream: Stream,
+        opened: Instant,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let limits = self.limits;
-        let Some(_connection) = self.life.open_connection(limits.max_connections) else {
-            self.life.note_refusal(limits.max_connections, self.epoch);
-            return None;
-        };
         let mut watch = shutdown.clone();
-        let opened = Instant::now();
         let keepalive = Duration::from_secs(limits.keepalive_s);
         let mut settings: Option<HttpPersistentSettings> = None;
         let mut first = true;
@@ -188,7 +233,12 @@ impl<A: ServeRequest> ServerApp for Frontend<A> {
             let mut session = ServerSession::new_http1(stream);
             match settings.take() {
                 Some(s) => s.apply_to_session(&mut session),
-                None => session.set_keepalive(Some(limits.keepalive_s)),
+                None => {
+                    session.set_keepalive(Some(limits.keepalive_s));
+                    // Requests sent before their predecessor's answer are answered in order
+                    // instead of lost with a closed connection (the settings carry it on).
+                    session.set_pipelining_enabled(true);
+                }
             }
             if *watch.borrow() || self.life.draining() {
                 session.set_keepalive(None);
@@ -237,10 +287,120 @@ impl<A: ServeRequest> ServerApp for Frontend<A> {
                     }
                 }
             };
-            let (next, next_settings) = reusable?.consume();
+            let (next, next_settings) = reusable.next?.consume();
             stream = next;
             settings = next_settings;
             first = false;
+        }
+    }
+}
+
+/// The TLS handshake of a new connection, by `by`. Failures are counted and logged at `debug`
+/// (a flood of garbage must not become a flood of log lines).
+async fn handshake(acceptor: &Acceptor, stream: Stream, by: Instant) -> Option<Stream> {
+    // The plain listener hands over pingora's L4 stream; TLS goes on top of it.
+    let Ok(l4) = stream.into_any().downcast::<L4Stream>() else {
+        log::error!("a TLS listener got a stream that is not TCP");
+        return None;
+    };
+    match tokio::time::timeout_at(by, acceptor.tls_handshake(*l4)).await {
+        Ok(Ok(tls)) => Some(Box::new(tls)),
+        Ok(Err(e)) => {
+            count_handshake_failure("error");
+            log::debug!("TLS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            count_handshake_failure("timeout");
+            log::debug!("TLS handshake did not finish in time");
+            None
+        }
+    }
+}
+
+/// On a plain listener that takes h2c: reads until the first bytes tell an HTTP/2 connection
+/// preface from an HTTP/1.1 request (the first byte usually does), then puts them back.
+/// Bounded by the head deadline. Pingora's own peek waits for all 24 bytes of a preface, so a
+/// complete HTTP/1.0 request shorter than that would wait out the deadline.
+async fn sniff_h2c(stream: Stream, by: Instant) -> Option<(Stream, Protocol)> {
+    let Ok(mut l4) = stream.into_any().downcast::<L4Stream>() else {
+        log::error!("an h2c listener got a stream that is not TCP");
+        return None;
+    };
+    let mut seen = Vec::with_capacity(H2_PREFACE.len());
+    let mut buf = [0u8; 24];
+    let protocol = loop {
+        if seen.len() >= H2_PREFACE.len() {
+            break Protocol::Http2;
+        }
+        let want = H2_PREFACE.len() - seen.len();
+        let n = match tokio::time::timeout_at(by, l4.read(&mut buf[..want])).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+            Ok(Ok(n)) => n,
+        };
+        seen.extend_from_slice(&buf[..n]);
+        if !H2_PREFACE.starts_with(&seen[..seen.len().min(H2_PREFACE.len())]) {
+            break Protocol::Http1;
+        }
+    };
+    l4.rewind(&seen);
+    Some((l4, protocol))
+}
+
+/// Resolves once the server is shutting down.
+async fn shutting_down(shutdown: &mut ShutdownWatch) {
+    if shutdown.wait_for(|s| *s).await.is_err() {
+        // The server is gone: nothing will ever be served again.
+        std::future::pending::<()>().await;
+    }
+}
+
+#[async_trait::async_trait]
+impl<A: ServeRequest> ServerApp for Frontend<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let limits = self.limits;
+        let Some(_connection) = self.life.open_connection(limits.max_connections) else {
+            self.life.note_refusal(limits.max_connections, self.epoch);
+            return None;
+        };
+        let opened = Instant::now();
+        let head_by = deadline(opened, limits.header_timeout);
+        let (stream, protocol) = match &self.tls {
+            Some(acceptor) => {
+                let by = deadline(opened, limits.tls_handshake_timeout).min(head_by);
+                let stream = handshake(acceptor, stream, by).await?;
+                let protocol = match stream.selected_alpn_proto() {
+                    Some(ALPN::H2) if limits.http2 => Protocol::Http2,
+                    _ => Protocol::Http1,
+                };
+                (stream, protocol)
+            }
+            None if limits.h2c => sniff_h2c(stream, head_by).await?,
+            None => (stream, Protocol::Http1),
+        };
+        match protocol {
+            Protocol::Http2 => {
+                let h2_limits = H2Limits {
+                    max_streams: limits.h2_max_streams,
+                    max_header_bytes: limits.max_header_bytes,
+                    idle: Duration::from_secs(limits.keepalive_s),
+                };
+                h2::serve_connection(
+                    &self.app,
+                    stream,
+                    h2_limits,
+                    head_by,
+                    shutdown,
+                    self.life.draining_flag(),
+                )
+                .await;
+                None
+            }
+            Protocol::Http1 => self.http1(stream, opened, shutdown).await,
         }
     }
 

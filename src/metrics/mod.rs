@@ -211,6 +211,16 @@ metrics! {
         "quipu_client_connections_refused_total",
         "Client connections closed on accept because server.max_connections were open",
     );
+    tls_handshake_failures: IntCounterVec = counter(
+        "quipu_tls_handshake_failures_total",
+        "Client TLS handshakes that failed (error: refused or garbage, timeout: not finished within server.tls_handshake_timeout_ms)",
+        &["reason"],
+    );
+    h2_abuse: IntCounterVec = counter(
+        "quipu_http2_abuse_total",
+        "HTTP/2 misbehaviour: streams refused over the per-connection cap (refused), connections closed for too many malformed or refused streams (rejected) or cancellations (cancels)",
+        &["kind"],
+    );
     ledger_queue: IntGauge = IntGauge::new(
         "quipu_ledger_queue_rows",
         "Ledger rows waiting to be written to the store",

@@ -28,6 +28,34 @@ pub fn head_too_large(session: &ServerSession, server: &Server) -> Option<ApiErr
     })
 }
 
+/// Whether an HTTP/1.1 request head has a line that ends in a bare LF. `httparse` accepts one
+/// as a line end, but a proxy in front of the gateway may not, and would then read
+/// `X-Foo: a\nAuthorization: …` as one header where the gateway reads two: a request
+/// smuggling risk, refused here before anything reads the head.
+pub fn has_bare_lf(session: &ServerSession) -> bool {
+    let Some(h1) = session.as_http1() else {
+        return false;
+    };
+    let raw = h1.get_headers_raw_bytes();
+    memchr::memchr_iter(b'\n', &raw).any(|i| i == 0 || raw[i - 1] != b'\r')
+}
+
+/// Whether a head that failed to parse failed because its request target is longer than a
+/// URI may be (`http::Uri` takes at most 65,534 bytes): a request line that long is over
+/// `server.max_header_bytes` too, and gets its `431` rather than a bare `400`.
+///
+/// Pingora reports it as `InvalidHTTPHeader` with the context `invalid uri {target}` and no
+/// typed cause, and every other head error it raises is cut to a few hundred bytes: an error
+/// that carries more than a URI's worth of text is this one. The unit test below pins that
+/// behaviour, so a pingora upgrade that changes it fails there, not in service.
+pub fn target_too_long(e: &pingora::Error) -> bool {
+    const MAX_URI: usize = u16::MAX as usize - 1;
+    matches!(e.etype(), pingora::ErrorType::InvalidHTTPHeader)
+        && e.context
+            .as_ref()
+            .is_some_and(|c| c.as_str().len() > MAX_URI)
+}
+
 /// Reads and discards the rest of a refused request's body: true if it ended within the drain
 /// bound ([`DRAIN_FACTOR`] × the body limit, [`DRAIN_TIMEOUT`]), so the connection can be
 /// reused. A body declared longer, or one behind `Expect: 100-continue` (never sent unless
@@ -107,7 +135,16 @@ pub async fn read(session: &mut ServerSession, server: &Server) -> Result<Vec<u8
     }
     let mut body = Vec::with_capacity(declared.unwrap_or(16 * 1024).min(max));
     loop {
-        match session.read_request_body().await {
+        // Pingora bounds each read on HTTP/1.1 (`set_read_timeout`) but not on HTTP/2.
+        let read = tokio::time::timeout(server.client_read_timeout, session.read_request_body())
+            .await
+            .unwrap_or_else(|_| {
+                Err(pingora::Error::explain(
+                    pingora::ErrorType::ReadTimedout,
+                    "the request body stopped arriving",
+                ))
+            });
+        match read {
             Ok(Some(chunk)) => {
                 if body.len() + chunk.len() > max {
                     return Err(too_large());
@@ -127,6 +164,22 @@ pub async fn read(session: &mut ServerSession, server: &Server) -> Result<Vec<u8
                     )
                 });
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_target_too_long_for_a_uri_is_told_apart() {
+        let long = [b"/v1/models?x=".as_slice(), &[b'a'; 70_000]].concat();
+        let e = pingora::http::RequestHeader::build("GET", &long, None).unwrap_err();
+        assert!(target_too_long(&e), "a target over 65,534 bytes");
+        let e = pingora::http::RequestHeader::build("GET", b"/a b\x01", None);
+        if let Err(e) = e {
+            assert!(!target_too_long(&e), "{e}");
         }
     }
 }

@@ -7,10 +7,10 @@
 
 use super::relay::client_gone;
 use super::{Failure, Gateway, Outcome, Reply, RequestCtx};
-use crate::config::{Model, ModelId, Replica};
+use crate::config::{Model, ModelId};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::h1::Method;
-use crate::http::client::{self, Call, UpstreamError};
+use crate::http::client::{self, Call, Target, UpstreamError};
 use crate::http::deadline;
 use crate::metrics::m;
 use crate::translate::malformed_stream;
@@ -96,6 +96,14 @@ async fn count(
         ctx.upstream.attempts += 1;
         ctx.upstream.replica = Some(guard.index);
         let replica = guard.replica();
+        let target = match guard.target() {
+            Ok(t) => t,
+            Err(e) => {
+                guard.failed(e.kind());
+                tried.push(guard.index);
+                continue;
+            }
+        };
         let server = server_of(gw, ctx, pool, guard.index, model, by).await;
         let (mut plan, mut call) = PromptCount::start(
             server,
@@ -105,7 +113,7 @@ async fn count(
         );
         let mut first = true;
         loop {
-            let answer = post(gw, ctx, model, replica, &call, by).await;
+            let answer = post(gw, ctx, model, target, &call, by).await;
             let (status, body) = match answer {
                 Ok(a) => a,
                 Err(UpstreamError::Timeout) => return Err(timed_out()),
@@ -153,9 +161,12 @@ async fn server_of(
     }
     let replica = &pool.replicas[index].replica;
     let models_path = format!("{}/models", replica.api_base);
+    let Ok(target) = pool.target(index) else {
+        return Server::Vllm;
+    };
     let call = client::Call {
         method: Method::Get,
-        replica,
+        target,
         timeouts: &model.timeouts,
         path: &models_path,
         body: &[],
@@ -196,13 +207,13 @@ async fn post(
     gw: &Gateway,
     ctx: &RequestCtx,
     model: &Model,
-    replica: &Replica,
+    target: Target<'_>,
     call: &crate::upstream_profile::count::Call,
     by: Deadline,
 ) -> Result<(u16, Bytes), UpstreamError> {
     let c = Call {
         method: Method::Post,
-        replica,
+        target,
         timeouts: &model.timeouts,
         path: &call.path,
         body: &call.body,

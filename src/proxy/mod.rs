@@ -36,8 +36,8 @@ use crate::auth::KeySnapshot;
 use crate::billing::{Accounts, LedgerHandle};
 use crate::catalog::Catalog;
 use crate::config::Config;
-use crate::error::{ApiError, ErrorKind};
-use crate::http::{Lifecycle, ServeRequest};
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::http::{Lifecycle, ServeRequest, Served};
 use crate::metrics::Meters;
 use crate::ratelimit::RateLimiter;
 use crate::route;
@@ -55,7 +55,7 @@ pub struct Gateway {
     pub config: Arc<Config>,
     pub catalog: Catalog,
     pub keys: Arc<KeySnapshot>,
-    pub pools: Vec<ModelPool>,
+    pub pools: Arc<Vec<ModelPool>>,
     pub connector: TransportConnector,
     pub accounts: Arc<Accounts>,
     pub ledger: LedgerHandle,
@@ -141,23 +141,31 @@ impl From<Failure> for Reply {
 impl ServeRequest for Gateway {
     /// One request: read its head, answer it, [`Gateway::conclude`] and [`Gateway::finish`]
     /// it, whatever happened.
-    async fn serve(
-        &self,
-        mut session: ServerSession,
-        head_read: &AtomicBool,
-    ) -> Option<ReusedHttpStream> {
+    async fn serve(&self, mut session: ServerSession, head_read: &AtomicBool) -> Served {
         match session.read_request().await {
             Ok(true) => {}
             // The client closed the connection before sending a request.
-            Ok(false) => return None,
+            Ok(false) => return Served::default(),
             Err(e) => {
-                // As pingora's proxy does: a head that does not parse gets a bare 400 (there is
-                // no route yet, so no format to shape it in); a broken connection gets nothing.
-                if matches!(e.etype(), pingora::ErrorType::InvalidHTTPHeader) {
+                // A request line too long to parse is a head over the limit: its 431, in the
+                // default (chat) shape since there is no path to route. Any other head that
+                // does not parse gets a bare 400, as pingora's proxy answers it; a broken
+                // connection gets nothing.
+                if body::target_too_long(&e) {
+                    let error = ApiError::new(
+                        ErrorKind::HeadersTooLarge,
+                        "the request line is longer than the request head limit",
+                    );
+                    let id = ctx::new_request_id();
+                    session.set_keepalive(None);
+                    let _ =
+                        respond::error_to_unparsed(&mut session, &id, ClientFormat::Chat, &error)
+                            .await;
+                } else if matches!(e.etype(), pingora::ErrorType::InvalidHTTPHeader) {
                     let _ = session.respond_error(400).await;
                 }
                 session.shutdown().await;
-                return None;
+                return Served::default();
             }
         }
         head_read.store(true, Ordering::Relaxed);
@@ -166,7 +174,7 @@ impl ServeRequest for Gateway {
             // refuses it the same way.
             let _ = session.respond_error(405).await;
             session.shutdown().await;
-            return None;
+            return Served::default();
         }
         let header = session.req_header();
         let path = header.uri.path();
@@ -178,6 +186,13 @@ impl ServeRequest for Gateway {
         self.prepare(&mut session);
         let reply = if let Some(e) = body::head_too_large(&session, &self.config.server) {
             Failure::refused_unread(e).into()
+        } else if body::has_bare_lf(&session) {
+            // The body's framing comes from a head read differently upstream of us: close.
+            session.set_keepalive(None);
+            Failure::refused(ApiError::invalid_body(
+                "every line of the request head must end with CRLF, not a bare LF",
+            ))
+            .into()
         } else if route.is_api() {
             api::handle(self, &mut session, &mut ctx).await
         } else {
@@ -185,12 +200,21 @@ impl ServeRequest for Gateway {
         };
         let reusable = self.conclude(&mut session, &mut ctx, reply).await;
         self.finish(&mut ctx);
+        let cancelled = ctx.ending.outcome == Outcome::ClientDisconnected;
         if !reusable {
-            return None;
+            return Served {
+                next: None,
+                cancelled,
+            };
         }
         let settings = HttpPersistentSettings::for_session(&session);
-        let reusable = session.finish().await.ok().flatten()?;
-        Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
+        let next = session
+            .finish()
+            .await
+            .ok()
+            .flatten()
+            .map(|reusable| ReusedHttpStream::from_reusable_stream(reusable, settings));
+        Served { next, cancelled }
     }
 }
 
@@ -261,11 +285,13 @@ impl Gateway {
     /// Writing the response failed. A client that went away is expected: it is in the access
     /// log, not the error log; anything else is the gateway's failure.
     fn write_failed(&self, ctx: &mut RequestCtx, e: &pingora::Error) {
+        // An HTTP/2 client that reset its stream shows as an `H2Error`.
         let client_gone = matches!(
             e.etype(),
             pingora::ErrorType::WriteError
                 | pingora::ErrorType::ReadError
                 | pingora::ErrorType::ConnectionClosed
+                | pingora::ErrorType::H2Error
         );
         if client_gone {
             return;

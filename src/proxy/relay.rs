@@ -97,9 +97,17 @@ async fn send<'g>(
         }
         ctx.upstream.attempts += 1;
         ctx.upstream.replica = Some(guard.index);
+        let target = match guard.target() {
+            Ok(t) => t,
+            Err(e) => {
+                guard.failed(e.kind());
+                tried.push(guard.index);
+                continue;
+            }
+        };
         let call = Call {
             method: Method::Post,
-            replica: guard.replica(),
+            target,
             timeouts: &model.timeouts,
             path: guard.replica().chat_path(),
             body: &req.body,
@@ -150,8 +158,14 @@ async fn send<'g>(
                 ));
             }
             Err(e) => {
+                // A certificate that does not verify is the operator's to fix, not a passing
+                // fault: say so plainly.
+                let hint = match e {
+                    UpstreamError::Tls(_) => " (check the model's upstream_tls: CA bundle, server name, client certificate)",
+                    _ => "",
+                };
                 log::warn!(
-                    "request {} to {} failed before any response: {e}",
+                    "request {} to {} failed before any response: {e}{hint}",
                     ctx.request_id,
                     guard.replica().url
                 );

@@ -31,7 +31,8 @@ pub async fn json(
     status: u16,
     body: Bytes,
 ) -> pingora::Result<()> {
-    write_json(session, request_id, status, body, None).await
+    let head_only = session.req_header().method == http::Method::HEAD;
+    write_json(session, request_id, status, body, None, head_only).await
 }
 
 /// Writes an error in the client's format with its status, plus `retry-after` and
@@ -42,15 +43,31 @@ pub async fn error(
     format: ClientFormat,
     err: &ApiError,
 ) -> pingora::Result<()> {
+    let head_only = session.req_header().method == http::Method::HEAD;
     let body = err.body(format, request_id);
+    let status = err.status(format);
     write_json(
         session,
         request_id,
-        err.status(format),
+        status,
         body,
         Some(&err.kind),
+        head_only,
     )
     .await
+}
+
+/// Like [`error`], for a request whose head could not be parsed (there is no request to ask
+/// whether it was a `HEAD`).
+pub async fn error_to_unparsed(
+    session: &mut ServerSession,
+    request_id: &str,
+    format: ClientFormat,
+    err: &ApiError,
+) -> pingora::Result<()> {
+    let body = err.body(format, request_id);
+    let status = err.status(format);
+    write_json(session, request_id, status, body, Some(&err.kind), false).await
 }
 
 async fn write_json(
@@ -59,6 +76,7 @@ async fn write_json(
     status: u16,
     body: Bytes,
     error: Option<&ErrorKind>,
+    head_only: bool,
 ) -> pingora::Result<()> {
     let mut h = base_header(status, request_id, 4)?;
     h.insert_header("content-type", HeaderValue::from_static("application/json"))?;
@@ -71,7 +89,6 @@ async fn write_json(
             h.insert_header("x-should-retry", HeaderValue::from_static("false"))?;
         }
     }
-    let head_only = session.req_header().method == http::Method::HEAD;
     session.write_response_header(Box::new(h)).await?;
     if !head_only {
         session.write_response_body(body, true).await?;

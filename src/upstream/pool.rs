@@ -1,19 +1,17 @@
 //! Replica pools: which upstream server gets a request.
 //!
-//! Each model has a pool of replicas. Pingora's load-balancing crate owns the backend set and
-//! the **active** health checks (`GET /health` every interval, run by a background service);
-//! this module adds what an inference cluster needs on top:
+//! Each model has a pool of replicas, and this module picks one per attempt:
 //!
 //! - **in-flight counts** per replica (an RAII [`ReplicaGuard`] per attempt), for least-loaded
-//!   selection — pingora 0.9 has no least-connections algorithm;
-//! - **passive ejection**: after `max_failures` consecutive failed attempts a replica is skipped
-//!   until an ejection period passes (then tried again), on top of the health checks — unless
-//!   every replica that passes its health checks is ejected, when they are used anyway rather
-//!   than refusing every request (ejection never takes a whole healthy pool out);
-//!   `quipu_upstream_healthy` is 1 when the last health check passed and no ejection is running,
-//!   recomputed on every check, ejection and success (so it returns to 1 when an ejection ends,
-//!   with or without traffic);
-//! - **health checks per replica**: each replica's `GET /health` carries its own `Host`;
+//!   selection;
+//! - **health**: a replica whose active health check fails is out ([`super::health`]); after
+//!   `max_failures` consecutive failed attempts a replica is ejected for a while (passive
+//!   ejection) — unless every replica that passes its health checks is ejected, when they are
+//!   used anyway rather than refusing every request (ejection never takes a whole healthy pool
+//!   out);
+//! - **addresses**: each replica's current address, kept by [`super::resolve`] while the
+//!   gateway runs (a replica whose name has not resolved yet is skipped); a connect failure
+//!   asks for it to be resolved again at once;
 //! - **prefix-cache affinity**: requests whose upstream prompt starts with the same bytes as an
 //!   earlier one go to the replica that served it, where the KV cache already holds that
 //!   prefix — unless that replica is busier than the least-loaded one by more than a slack.
@@ -23,17 +21,18 @@
 //! old prefix, like a CPU cache. Prompts are hashed in 1 KiB blocks, each hash chained on the
 //! previous one, so "the same first N KiB" is a lookup per block, longest match wins.
 
+use super::health::PoolHealth;
 use crate::config::{Model, Replica, Routing};
+use crate::http::client::{Target, UpstreamError};
+use crate::http::upstream_tls::UpstreamTlsMaterial;
 use crate::metrics::m;
 use crate::upstream_profile::Server;
-use pingora::lb::health_check::{HealthCheck, HttpHealthCheck};
-use pingora::lb::selection::RoundRobin;
-use pingora::lb::{Backend, Backends, LoadBalancer};
+use arc_swap::ArcSwapOption;
 use prometheus::{IntCounter, IntGauge};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Bytes of upstream prompt per affinity block.
 pub const AFFINITY_BLOCK: usize = 1024;
@@ -45,7 +44,11 @@ const AFFINITY_SLACK: usize = 4;
 /// Live state of one replica.
 pub struct ReplicaState {
     pub replica: Replica,
-    backend: Backend,
+    /// Where it is now: its IP literal, or its name's last resolved address (`None` until it
+    /// first resolves).
+    addr: ArcSwapOption<SocketAddr>,
+    /// A connect failed: resolve the name again now (see [`super::resolve`]).
+    pub(super) stale: AtomicBool,
     in_flight: AtomicUsize,
     consecutive_failures: AtomicU32,
     /// This replica's metric children, resolved once so picks do no label lookups.
@@ -59,12 +62,15 @@ pub struct ReplicaState {
 pub struct ModelPool {
     pub slug: String,
     pub replicas: Vec<ReplicaState>,
-    lb: Arc<LoadBalancer<RoundRobin>>,
+    /// TLS to its `https://` replicas.
+    tls: Option<Arc<UpstreamTlsMaterial>>,
     routing: Routing,
     max_failures: u32,
     eject_for: Duration,
-    /// Health verdicts and ejections, shared with the health-check service.
-    health: Arc<PoolHealth>,
+    /// Health verdicts and ejections, shared with the health checks.
+    pub(super) health: PoolHealth,
+    /// Wakes the resolver when a connect failure made an address stale.
+    pub(super) resolve_now: Arc<tokio::sync::Notify>,
     rr: AtomicUsize,
     affinity: Box<[AtomicU64]>,
     /// `quipu_prefix_affinity_total` children: hit, overloaded, miss.
@@ -103,6 +109,11 @@ impl ReplicaGuard<'_> {
         &self.pool.replicas[self.index].replica
     }
 
+    /// Where to send this attempt (the replica's current address).
+    pub fn target(&self) -> Result<Target<'_>, UpstreamError> {
+        self.pool.target(self.index)
+    }
+
     /// The attempt worked: the replica is healthy as far as we know.
     pub fn succeeded(&self) {
         self.pool.replicas[self.index]
@@ -111,22 +122,20 @@ impl ReplicaGuard<'_> {
         self.pool.health.refresh(self.index);
     }
 
-    /// The attempt failed (`kind` is a metric label); ejects after too many in a row.
+    /// The attempt failed (`kind` is a metric label); ejects after too many in a row. A failed
+    /// connect also has the replica's name resolved again: it may have moved.
     pub fn failed(&self, kind: &str) {
         let r = &self.pool.replicas[self.index];
+        if kind == "connect" && !r.replica.is_resolved() {
+            r.stale.store(true, Ordering::Relaxed);
+            self.pool.resolve_now.notify_one();
+        }
         m().upstream_failures
             .with_label_values(&[&self.pool.slug, &r.replica.url, kind])
             .inc();
         let n = r.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= self.pool.max_failures {
-            let health = &self.pool.health;
-            let until = health
-                .now_ms()
-                .saturating_add(self.pool.eject_for.as_millis() as u64);
-            health.replicas[self.index]
-                .ejected_until_ms
-                .store(until, Ordering::Relaxed);
-            health.refresh(self.index);
+            self.pool.health.eject(self.index, self.pool.eject_for);
             log::warn!(
                 "replica {} of {} ejected for {:?} after {n} consecutive failures",
                 r.replica.url,
@@ -160,145 +169,9 @@ pub fn block_hashes(prompt: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-/// What `quipu_upstream_healthy` of one replica is made of.
-struct ReplicaHealth {
-    url: String,
-    addr: SocketAddr,
-    /// The active health check's verdict (pingora flips a backend after one check).
-    checked_healthy: AtomicBool,
-    /// Milliseconds since the pool's epoch until which the replica is ejected.
-    ejected_until_ms: AtomicU64,
-    gauge: IntGauge,
-}
-
-/// The health state of a pool's replicas, shared by the request path and the health checks.
-struct PoolHealth {
-    slug: String,
-    epoch: Instant,
-    replicas: Vec<ReplicaHealth>,
-}
-
-impl PoolHealth {
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn ejected(&self, i: usize) -> bool {
-        self.replicas[i].ejected_until_ms.load(Ordering::Relaxed) > self.now_ms()
-    }
-
-    /// Sets the replica's gauge from its check verdict and ejection.
-    fn refresh(&self, i: usize) {
-        let r = &self.replicas[i];
-        let healthy = r.checked_healthy.load(Ordering::Relaxed) && !self.ejected(i);
-        r.gauge.set(i64::from(healthy));
-    }
-
-    fn index_of(&self, target: &Backend) -> Option<usize> {
-        let addr = target.addr.as_inet().copied()?;
-        self.replicas.iter().position(|r| r.addr == addr)
-    }
-}
-
-/// The active health checks of a pool: one HTTP check per replica (each with its own `Host`
-/// header), reporting to the pool's [`PoolHealth`].
-struct ReplicaChecks {
-    health: Arc<PoolHealth>,
-    checks: Vec<HttpHealthCheck>,
-}
-
-#[async_trait::async_trait]
-impl HealthCheck for ReplicaChecks {
-    async fn check(&self, target: &Backend) -> pingora::Result<()> {
-        let Some(i) = self.health.index_of(target) else {
-            return pingora::Error::e_explain(
-                pingora::ErrorType::InternalError,
-                "health check of an unknown replica",
-            );
-        };
-        let result = self.checks[i].check(target).await;
-        // An ejection that ended since the last check shows in the gauge now, traffic or not.
-        self.health.refresh(i);
-        result
-    }
-
-    async fn health_status_change(&self, target: &Backend, healthy: bool) {
-        let Some(i) = self.health.index_of(target) else {
-            return;
-        };
-        let r = &self.health.replicas[i];
-        r.checked_healthy.store(healthy, Ordering::Relaxed);
-        self.health.refresh(i);
-        if healthy {
-            log::info!("replica {} of {} is healthy", r.url, self.health.slug);
-        } else {
-            log::warn!(
-                "replica {} of {} failed its health check",
-                r.url,
-                self.health.slug
-            );
-        }
-    }
-
-    fn health_threshold(&self, _success: bool) -> usize {
-        1
-    }
-}
-
-/// One active health check per replica, each sending that replica's `Host`.
-fn replica_checks(model: &Model) -> Vec<HttpHealthCheck> {
-    let path: http::Uri = model
-        .health
-        .path
-        .parse()
-        .unwrap_or_else(|_| http::Uri::from_static("/health"));
-    model
-        .replicas
-        .iter()
-        .map(|r| {
-            let mut hc = HttpHealthCheck::new(&r.authority, false);
-            hc.req.set_uri(path.clone());
-            hc.peer_template.options.connection_timeout = Some(Duration::from_secs(1));
-            hc.peer_template.options.read_timeout = Some(Duration::from_secs(2));
-            hc
-        })
-        .collect()
-}
-
 impl ModelPool {
-    /// Builds the pool and its pingora load balancer (whose health checks the caller runs as a
-    /// background service, see [`ModelPool::load_balancer`]).
-    pub fn new(model: &Model) -> std::io::Result<ModelPool> {
-        let addrs: Vec<String> = model.replicas.iter().map(|r| r.addr.to_string()).collect();
-        let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(addrs.iter().map(String::as_str))?;
-        let health = Arc::new(PoolHealth {
-            slug: model.slug.clone(),
-            epoch: Instant::now(),
-            replicas: model
-                .replicas
-                .iter()
-                .map(|r| {
-                    let gauge = m()
-                        .upstream_healthy
-                        .with_label_values(&[&model.slug, &r.url]);
-                    gauge.set(1);
-                    ReplicaHealth {
-                        url: r.url.clone(),
-                        addr: r.addr,
-                        checked_healthy: AtomicBool::new(true),
-                        ejected_until_ms: AtomicU64::new(0),
-                        gauge,
-                    }
-                })
-                .collect(),
-        });
-        let checks = replica_checks(model);
-        lb.set_health_check(Box::new(ReplicaChecks {
-            health: health.clone(),
-            checks,
-        }));
-        lb.health_check_frequency = Some(model.health.interval);
-        lb.parallel_health_check = true;
+    /// Builds the pool of `model`; `tls` is its upstream TLS (loaded at start).
+    pub fn new(model: &Model, tls: Option<Arc<UpstreamTlsMaterial>>) -> ModelPool {
         let replicas = model
             .replicas
             .iter()
@@ -309,11 +182,8 @@ impl ModelPool {
                 in_flight_gauge.set(0);
                 ReplicaState {
                     replica: r.clone(),
-                    backend: Backend {
-                        addr: pingora::protocols::l4::socket::SocketAddr::Inet(r.addr),
-                        weight: 1,
-                        ext: Default::default(),
-                    },
+                    addr: ArcSwapOption::from_pointee(r.is_resolved().then_some(r.addr)),
+                    stale: AtomicBool::new(false),
                     in_flight: AtomicUsize::new(0),
                     consecutive_failures: AtomicU32::new(0),
                     in_flight_gauge,
@@ -322,17 +192,49 @@ impl ModelPool {
                 }
             })
             .collect();
-        Ok(ModelPool {
+        ModelPool {
             slug: model.slug.clone(),
             replicas,
-            lb: Arc::new(lb),
+            tls,
             routing: model.routing,
             max_failures: model.health.max_failures,
             eject_for: (model.health.interval * 2).max(Duration::from_secs(1)),
-            health,
+            health: PoolHealth::new(model),
+            resolve_now: Arc::new(tokio::sync::Notify::new()),
             rr: AtomicUsize::new(0),
             affinity: (0..AFFINITY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             affinity_outcomes: Default::default(),
+        }
+    }
+
+    /// Replica `i`'s current address.
+    pub fn addr(&self, i: usize) -> Option<SocketAddr> {
+        self.replicas.get(i)?.addr.load().as_deref().copied()
+    }
+
+    /// Sets replica `i`'s address (the resolver); returns whether it changed.
+    pub(super) fn set_addr(&self, i: usize, addr: SocketAddr) -> bool {
+        let Some(r) = self.replicas.get(i) else {
+            return false;
+        };
+        let old = r.addr.swap(Some(Arc::new(addr)));
+        old.as_deref() != Some(&addr)
+    }
+
+    /// Where an exchange with replica `i` goes; a connect error while its name has not
+    /// resolved yet.
+    pub fn target(&self, i: usize) -> Result<Target<'_>, UpstreamError> {
+        let r = &self.replicas[i].replica;
+        let addr = self.addr(i).ok_or_else(|| {
+            UpstreamError::Connect(format!("\"{}\" has not resolved to an address yet", r.host))
+        })?;
+        Ok(Target {
+            addr,
+            authority: &r.authority,
+            tls: match (&self.tls, r.tls) {
+                (Some(tls), true) => Some((r.sni(), tls.as_ref())),
+                _ => None,
+            },
         })
     }
 
@@ -350,19 +252,14 @@ impl ModelPool {
         }
     }
 
-    /// The pingora load balancer, to run its health checks as a background service.
-    pub fn load_balancer(&self) -> Arc<LoadBalancer<RoundRobin>> {
-        self.lb.clone()
-    }
-
-    fn backends(&self) -> &Backends {
-        self.lb.backends()
-    }
-
-    /// Healthy per the health checks and not ejected.
+    /// Resolved, healthy per the health checks and not ejected.
     pub fn is_available(&self, i: usize) -> bool {
-        let r = &self.replicas[i];
-        self.backends().ready(&r.backend) && !self.health.ejected(i)
+        self.passes_checks(i) && !self.health.ejected(i)
+    }
+
+    /// Resolved and healthy per the health checks (ejected or not).
+    fn passes_checks(&self, i: usize) -> bool {
+        self.replicas[i].addr.load().is_some() && self.health.checked_healthy(i)
     }
 
     pub fn in_flight(&self, i: usize) -> usize {
@@ -381,9 +278,7 @@ impl ModelPool {
             // so rather than refuse everything, use them anyway (Envoy's "panic routing").
             // Replicas that fail their health checks stay out.
             candidates = (0..self.replicas.len())
-                .filter(|i| {
-                    !exclude.contains(i) && self.backends().ready(&self.replicas[*i].backend)
-                })
+                .filter(|i| !exclude.contains(i) && self.passes_checks(*i))
                 .collect();
         }
         if candidates.is_empty() {
@@ -493,7 +388,7 @@ mod tests {
             1,
         );
         let c = Config::parse(&text, "t").unwrap();
-        ModelPool::new(&c.models[0]).unwrap()
+        ModelPool::new(&c.models[0], None)
     }
 
     #[test]
@@ -566,28 +461,34 @@ mod tests {
         g.succeeded();
         assert_eq!(gauge(), 1);
         // A failed health check keeps it at 0 whatever the ejection.
-        p.health.replicas[0]
-            .checked_healthy
-            .store(false, Ordering::Relaxed);
+        p.health.set_checked(0, Err("down".into()));
         g.succeeded();
         assert_eq!(gauge(), 0);
     }
 
     #[test]
-    fn every_replica_is_checked_with_its_own_host() {
+    fn a_named_replica_is_skipped_until_it_resolves() {
         let text = EMBEDDED_DEFAULT.replacen(
             "upstreams = [\"http://127.0.0.1:8000/v1\"]",
-            "upstreams = [\"http://localhost:18200/v1\", \"http://127.0.0.1:18201/v1\"]",
+            "upstreams = [\"http://vllm-a.invalid:8000/v1\", \"https://127.0.0.1:18301/v1\"]",
             1,
         );
         let c = Config::parse(&text, "t").unwrap();
-        let checks = replica_checks(&c.models[0]);
-        let hosts: Vec<&str> = checks
-            .iter()
-            .map(|hc| hc.req.headers.get("host").unwrap().to_str().unwrap())
-            .collect();
-        assert_eq!(hosts, ["localhost:18200", "127.0.0.1:18201"]);
-        assert!(checks.iter().all(|hc| hc.req.uri.path() == "/health"));
+        let p = ModelPool::new(&c.models[0], None);
+        assert!(!p.is_available(0) && p.is_available(1));
+        assert_eq!(p.pick(&[], &[]).unwrap().index, 1);
+        assert!(matches!(p.target(0), Err(UpstreamError::Connect(_))));
+        assert!(p.set_addr(0, "10.0.0.7:8000".parse().unwrap()));
+        assert!(
+            !p.set_addr(0, "10.0.0.7:8000".parse().unwrap()),
+            "unchanged"
+        );
+        let t = p.target(0).unwrap();
+        assert_eq!(
+            (t.addr, t.authority),
+            ("10.0.0.7:8000".parse().unwrap(), "vllm-a.invalid:8000")
+        );
+        assert!(p.is_available(0));
     }
 
     #[test]

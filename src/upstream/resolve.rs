@@ -1,112 +1,208 @@
-//! Host names of upstream replicas → socket addresses, through the system resolver.
+//! Upstream host names → addresses, while the gateway runs.
 //!
-//! The configuration keeps a replica named by a host name unresolved
-//! ([`Replica::is_resolved`](crate::config::Replica::is_resolved) is false): parsing does no DNS,
-//! so `serve --check`, the store commands, tests and fuzzing never wait on a resolver.
-//! [`resolve_upstreams`] fills in the addresses once, when `quipu serve` starts; the request
-//! path never resolves a name. (Re-resolving while running is issue 17's.)
+//! A replica named by a host name (a Kubernetes Service, a VM behind a DNS record) is resolved
+//! when `quipu serve` starts and then again: when its record's TTL runs out (at least every
+//! `server.dns_refresh_s`), and at once after a connect to it failed (it may have moved). The
+//! address in use changes only when the name no longer resolves to it; a failed lookup keeps
+//! the last address. The request path reads the current address; it never waits on DNS.
+//!
+//! Lookups use hickory's resolver: the system's configuration (`/etc/resolv.conf`,
+//! `/etc/hosts`) by default, or the name servers in `server.dns_servers`.
+//! `quipu serve --check` reports every upstream name that does not resolve ([`check_names`]).
 
-use crate::config::{Config, ConfigErrors};
-use std::net::{SocketAddr, ToSocketAddrs};
+use super::ModelPool;
+use crate::config::Config;
+use hickory_resolver::config::{NameServerConfig, ResolverConfig};
+use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::proto::xfer::Protocol;
+use hickory_resolver::{Resolver, TokioResolver};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
-/// Resolves the host names of upstream replicas (system resolver, first address), once, when
-/// the server starts. Every failure is reported with its key; two replicas of a model that
-/// turn out to be the same address are an error too.
-pub fn resolve_upstreams(config: Config) -> Result<Config, ConfigErrors> {
-    resolve_upstreams_with(config, &|host, port| {
-        (host, port).to_socket_addrs().map(|a| a.collect())
-    })
+/// A lookup is never repeated sooner than this (a TTL of 0, a connect failure storm).
+const MIN_REFRESH: Duration = Duration::from_secs(1);
+/// After a failed lookup, the next try comes this soon (or at `dns_refresh_s`, if sooner).
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(5);
+
+/// The resolver for upstream names.
+pub struct Dns {
+    resolver: TokioResolver,
 }
 
-/// [`resolve_upstreams`] with an injected resolver (for tests).
-pub fn resolve_upstreams_with(
-    mut config: Config,
-    resolve: &dyn Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
-) -> Result<Config, ConfigErrors> {
-    let mut errs = Vec::new();
-    for (i, m) in config.models.iter_mut().enumerate() {
-        for (j, r) in m.replicas.iter_mut().enumerate() {
+impl Dns {
+    /// The system's resolver, or one asking `servers` (UDP, then TCP).
+    pub fn new(servers: &[SocketAddr]) -> Result<Dns, String> {
+        let builder = if servers.is_empty() {
+            Resolver::builder_tokio()
+                .map_err(|e| format!("cannot read the system's DNS configuration: {e}"))?
+        } else {
+            let mut config = ResolverConfig::new();
+            for s in servers {
+                config.add_name_server(NameServerConfig::new(*s, Protocol::Udp));
+                config.add_name_server(NameServerConfig::new(*s, Protocol::Tcp));
+            }
+            Resolver::builder_with_config(config, TokioConnectionProvider::default())
+        };
+        Ok(Dns {
+            resolver: builder.build(),
+        })
+    }
+
+    /// The addresses of `host` with the port, and how long they are valid.
+    pub async fn lookup(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Result<(Vec<SocketAddr>, Duration), String> {
+        let found = self
+            .resolver
+            .lookup_ip(host)
+            .await
+            .map_err(|e| e.to_string())?;
+        let ttl = found
+            .valid_until()
+            .saturating_duration_since(std::time::Instant::now());
+        let addrs: Vec<SocketAddr> = found.iter().map(|ip| SocketAddr::new(ip, port)).collect();
+        if addrs.is_empty() {
+            return Err("no address".into());
+        }
+        Ok((addrs, ttl))
+    }
+}
+
+/// Every upstream name of `config` that does not resolve now, with its key (`serve --check`).
+pub async fn check_names(config: &Config, dns: &Dns) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, m) in config.models.iter().enumerate() {
+        for (j, r) in m.replicas.iter().enumerate() {
             if r.is_resolved() {
                 continue;
             }
-            match resolve(&r.host, r.port) {
-                Ok(addrs) => match addrs.first() {
-                    Some(a) => r.addr = *a,
-                    None => errs.push(format!(
-                        "models[{i}].upstreams[{j}]: \"{}\" resolves to no address",
-                        r.host
-                    )),
-                },
-                Err(e) => errs.push(format!(
-                    "models[{i}].upstreams[{j}]: cannot resolve \"{}\": {e}",
+            if let Err(e) = dns.lookup(&r.host, r.port).await {
+                problems.push(format!(
+                    "models[{i}].upstreams[{j}]: \"{}\" does not resolve: {e}",
                     r.host
-                )),
-            }
-        }
-        for (j, r) in m.replicas.iter().enumerate() {
-            if let Some(k) = m.replicas[..j]
-                .iter()
-                .position(|o| o.is_resolved() && o.addr == r.addr)
-            {
-                errs.push(format!(
-                    "models[{i}].upstreams[{j}] (\"{}\") is the same server as upstreams[{k}] ({})",
-                    r.url, r.addr
                 ));
             }
         }
     }
-    if errs.is_empty() {
-        Ok(config)
-    } else {
-        Err(ConfigErrors(errs))
+    problems
+}
+
+/// When a named replica is looked up next.
+struct Due {
+    pool: usize,
+    replica: usize,
+    at: Instant,
+    /// When it was last looked up.
+    last: Instant,
+    /// The last lookup failed (the next failure is not logged again).
+    failing: bool,
+}
+
+/// Keeps the address of every named replica current, until the process ends: resolves each
+/// at once, then as its TTL, `refresh` and connect failures say.
+pub async fn follow(pools: Arc<Vec<ModelPool>>, dns: Dns, refresh: Duration) {
+    let mut due: Vec<Due> = Vec::new();
+    for (p, pool) in pools.iter().enumerate() {
+        for (r, state) in pool.replicas.iter().enumerate() {
+            if !state.replica.is_resolved() {
+                due.push(Due {
+                    pool: p,
+                    replica: r,
+                    at: Instant::now(),
+                    last: Instant::now(),
+                    failing: false,
+                });
+            }
+        }
+    }
+    if due.is_empty() {
+        return;
+    }
+    let wake: Vec<_> = pools.iter().map(|p| p.resolve_now.clone()).collect();
+    loop {
+        let now = Instant::now();
+        for d in due.iter_mut() {
+            let pool = &pools[d.pool];
+            let stale = pool.replicas[d.replica]
+                .stale
+                .swap(false, Ordering::Relaxed);
+            if stale {
+                // A connect failed: look again now, but not more than once a second.
+                d.at = d.at.min(d.last + MIN_REFRESH);
+            }
+            if d.at > now {
+                continue;
+            }
+            let next = lookup_one(&dns, pool, d, refresh).await;
+            d.last = Instant::now();
+            d.at = d.last + next;
+        }
+        let earliest = due.iter().map(|d| d.at).min().unwrap_or(now + refresh);
+        let any_stale = async {
+            let waits = wake.iter().map(|n| Box::pin(n.notified()));
+            futures::future::select_all(waits).await;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(earliest) => {}
+            _ = any_stale => {}
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const TWO_REPLICAS: &str = r#"
-[[models]]
-slug = "colibri"
-display_name = "Colibrí"
-upstream_model = "qwen"
-upstreams = ["http://vllm-a.invalid:8000", "http://10.0.0.9:8001"]
-prices = { input = "0.20", cached = "0.05", output = "0.80" }
-"#;
-
-    #[test]
-    fn names_resolve_at_start_and_literals_are_left_alone() {
-        let c = Config::parse(TWO_REPLICAS, "t").unwrap();
-        assert!(!c.models[0].replicas[0].is_resolved());
-        let asked = std::cell::RefCell::new(Vec::new());
-        let resolved = resolve_upstreams_with(c.clone(), &|h, p| {
-            asked.borrow_mut().push((h.to_owned(), p));
-            Ok(vec![SocketAddr::from(([10, 0, 0, 7], p))])
-        })
-        .unwrap();
-        assert_eq!(
-            asked.into_inner(),
-            vec![("vllm-a.invalid".to_owned(), 8000)]
-        );
-        let rs = &resolved.models[0].replicas;
-        assert_eq!(rs[0].addr, "10.0.0.7:8000".parse().unwrap());
-        assert!(rs[0].is_resolved());
-        assert_eq!(rs[1].addr, "10.0.0.9:8001".parse().unwrap());
-    }
-
-    #[test]
-    fn failures_name_the_key_and_one_server_twice_is_refused() {
-        let c = Config::parse(TWO_REPLICAS, "t").unwrap();
-        let e = resolve_upstreams_with(c.clone(), &|_, _| Err(std::io::Error::other("NXDOMAIN")))
-            .unwrap_err();
-        assert!(e.0[0].contains("models[0].upstreams[0]") && e.0[0].contains("NXDOMAIN"));
-        let e = resolve_upstreams_with(c.clone(), &|_, _| Ok(Vec::new())).unwrap_err();
-        assert!(e.0[0].contains("resolves to no address"), "{e}");
-        let e = resolve_upstreams_with(c, &|_, p| {
-            Ok(vec![SocketAddr::from(([10, 0, 0, 9], p + 1))])
-        })
-        .unwrap_err();
-        assert!(e.0[0].contains("same server"), "{e}");
+/// Looks one replica up and records its address; returns how long until the next lookup.
+async fn lookup_one(dns: &Dns, pool: &ModelPool, d: &mut Due, refresh: Duration) -> Duration {
+    let r = &pool.replicas[d.replica].replica;
+    match dns.lookup(&r.host, r.port).await {
+        Ok((addrs, ttl)) => {
+            if d.failing {
+                log::info!("\"{}\" resolves again", r.host);
+            }
+            d.failing = false;
+            // Keep the address in use while the name still points at it.
+            let current = pool.addr(d.replica);
+            let chosen = match current {
+                Some(c) if addrs.contains(&c) => c,
+                _ => addrs[0],
+            };
+            if pool.set_addr(d.replica, chosen) {
+                match current {
+                    Some(old) => log::info!(
+                        "replica {} of {}: \"{}\" now resolves to {chosen} (was {old})",
+                        r.url,
+                        pool.slug,
+                        r.host
+                    ),
+                    None => log::info!(
+                        "replica {} of {}: \"{}\" resolves to {chosen}",
+                        r.url,
+                        pool.slug,
+                        r.host
+                    ),
+                }
+                pool.health.refresh(d.replica);
+            }
+            ttl.clamp(MIN_REFRESH, refresh.max(MIN_REFRESH))
+        }
+        Err(e) => {
+            if !d.failing {
+                log::warn!(
+                    "replica {} of {}: cannot resolve \"{}\" ({e}); {}",
+                    r.url,
+                    pool.slug,
+                    r.host,
+                    match pool.addr(d.replica) {
+                        Some(a) => format!("keeping {a}"),
+                        None => "it gets no requests until it resolves".into(),
+                    }
+                );
+            }
+            d.failing = true;
+            RETRY_AFTER_FAILURE.min(refresh).max(MIN_REFRESH)
+        }
     }
 }

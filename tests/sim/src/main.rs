@@ -56,6 +56,15 @@ struct Cli {
     flavor: Flavor,
     #[arg(long)]
     start_unhealthy: bool,
+    /// Serve HTTPS with this PEM certificate chain (and `--tls-key`), like a replica behind a
+    /// TLS load balancer.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<String>,
+    #[arg(long)]
+    tls_key: Option<String>,
+    /// With `--tls-cert`: require a client certificate signed by this PEM CA (mTLS).
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<String>,
 }
 
 fn main() {
@@ -98,7 +107,33 @@ fn main() {
     server.bootstrap();
     let mut svc =
         pingora::proxy::http_proxy_service_with_name(&server.configuration, sim, "quipu-sim");
-    svc.add_tcp(&cli.listen);
+    match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => {
+            pingora::tls::install_default_crypto_provider();
+            let Ok(mut settings) = pingora::listeners::tls::TlsSettings::intermediate(cert, key)
+            else {
+                eprintln!("quipu-sim: cannot use {cert} / {key}");
+                std::process::exit(2);
+            };
+            if let Some(ca) = &cli.tls_client_ca {
+                let mut roots = pingora::tls::RootCertStore::empty();
+                let verifier = pingora::tls::load_ca_file_into_store(ca, &mut roots)
+                    .ok()
+                    .and_then(|()| {
+                        pingora::tls::WebPkiClientVerifier::builder(std::sync::Arc::new(roots))
+                            .build()
+                            .ok()
+                    });
+                let Some(verifier) = verifier else {
+                    eprintln!("quipu-sim: cannot use {ca} as a client CA");
+                    std::process::exit(2);
+                };
+                settings.set_client_cert_verifier(verifier);
+            }
+            svc.add_tls_with_settings(&cli.listen, None, settings);
+        }
+        _ => svc.add_tcp(&cli.listen),
+    }
     server.add_service(svc);
     server.run_forever();
 }

@@ -37,14 +37,15 @@ pub mod store;
 mod tests;
 
 pub use catalog::{glob_match, Alias, Plan};
-pub use models::{Health, Model, Routing, Timeouts};
+pub use models::{Health, Model, Routing, Timeouts, UpstreamTls};
 pub use raw::{
     RawBilling, RawConfig, RawHealth, RawLimits, RawModel, RawPlan, RawPrices, RawSecurity,
-    RawServer, RawStore, RawStreaming, RawTimeouts,
+    RawServer, RawStore, RawStreaming, RawTimeouts, RawTls, RawUpstreamTls,
 };
 pub use replica::{parse_replica, Replica};
 pub use server::{
-    ImageUrlPolicy, Limits, ReasoningField, Security, Server, Streaming, PINGORA_MAX_HEAD_BYTES,
+    ImageUrlPolicy, Limits, ReasoningField, Security, Server, Streaming, TlsFiles,
+    PINGORA_MAX_HEAD_BYTES,
 };
 pub use store::{redact_url, Billing, Store};
 

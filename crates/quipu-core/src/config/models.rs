@@ -3,13 +3,14 @@
 //! validated.
 //! Replica URLs are parsed in [`super::replica`].
 
-use super::raw::RawModel;
+use super::raw::{RawModel, RawUpstreamTls};
 use super::replica::{parse_replica, Replica};
 use super::secrets::secret;
 use super::ModelId;
 use crate::billing::Prices;
 use crate::money::Rate;
 use crate::upstream_profile::ServerChoice;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How a replica is picked among a model's healthy replicas.
@@ -32,6 +33,8 @@ pub struct Model {
     pub upstream_model: String,
     pub replicas: Vec<Replica>,
     pub upstream_api_key: Option<String>,
+    /// TLS to its `https://` replicas.
+    pub upstream_tls: UpstreamTls,
     pub prices: Prices,
     pub context_window: u64,
     /// JSON object merged into the upstream request to turn reasoning on / off.
@@ -47,6 +50,17 @@ pub struct Model {
     /// Which server the replicas run (see `upstream_profile`).
     pub server: ServerChoice,
     pub routing: Routing,
+}
+
+/// How a model's `https://` replicas are reached (the files are read by the binary at start).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// CA bundle; `None`: the system's roots.
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain and key (mTLS).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// `false`: any certificate is accepted (logged at start).
+    pub verify: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -125,7 +139,7 @@ pub(super) fn validate_models(
         );
     }
     let mut out = Vec::with_capacity(models.len());
-    for (i, m) in models.into_iter().enumerate() {
+    for (i, mut m) in models.into_iter().enumerate() {
         let key = format!("models[{i}]");
         if !is_slug(&m.slug) {
             errs.push(format!(
@@ -235,6 +249,12 @@ pub(super) fn validate_models(
                 Routing::LeastLoaded
             }
         };
+        let upstream_tls = upstream_tls(m.upstream_tls.take(), &key, errs);
+        if !upstream_tls.verify && !replicas.iter().any(|r| r.tls) {
+            errs.push(format!(
+                "{key}.upstream_tls.verify = false but no upstream is https://; remove it"
+            ));
+        }
         let upstream_api_key = m
             .upstream_api_key
             .as_deref()
@@ -251,6 +271,7 @@ pub(super) fn validate_models(
             upstream_model: m.upstream_model,
             replicas,
             upstream_api_key,
+            upstream_tls,
             prices,
             context_window: m.context_window,
             thinking_on,
@@ -274,4 +295,29 @@ pub(super) fn validate_models(
         });
     }
     out
+}
+
+/// Validates `upstream_tls` (verification on and the system roots when absent).
+fn upstream_tls(raw: Option<RawUpstreamTls>, key: &str, errs: &mut Vec<String>) -> UpstreamTls {
+    let Some(raw) = raw else {
+        return UpstreamTls {
+            verify: true,
+            ..UpstreamTls::default()
+        };
+    };
+    let client_cert = match (raw.client_cert, raw.client_key) {
+        (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
+        (None, None) => None,
+        _ => {
+            errs.push(format!(
+                "{key}.upstream_tls needs both client_cert and client_key, or neither"
+            ));
+            None
+        }
+    };
+    UpstreamTls {
+        ca: raw.ca.map(PathBuf::from),
+        client_cert,
+        verify: raw.verify,
+    }
 }

@@ -61,6 +61,47 @@ pub struct RawServer {
     pub upgrade_sock: String,
     pub replica_id: Option<String>,
     pub access_log: bool,
+    /// TLS on the API listener: `{ cert = "…pem", key = "…pem" }` (PEM chain and key).
+    pub tls: Option<RawTls>,
+    /// A TLS handshake must finish within this long (and within `header_timeout_ms`).
+    pub tls_handshake_timeout_ms: u64,
+    /// Offer HTTP/2 (ALPN `h2`) on the TLS listener.
+    pub http2: bool,
+    /// Take HTTP/2 with prior knowledge (h2c) on a plain listener.
+    pub h2c: bool,
+    /// Concurrent streams per HTTP/2 connection.
+    pub h2_max_streams: u32,
+    /// Upstream host names are resolved again at least this often (sooner when their DNS
+    /// record's TTL says so, and at once after a connect failure).
+    pub dns_refresh_s: u64,
+    /// Name servers for upstream host names (`"10.0.0.2:53"`); empty: the system's
+    /// (`/etc/resolv.conf`, `/etc/hosts`).
+    pub dns_servers: Vec<String>,
+}
+
+/// TLS to a model's `https://` replicas.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstreamTls {
+    /// PEM bundle of the CAs that sign the replicas' certificates (default: the system's).
+    #[serde(default)]
+    pub ca: Option<String>,
+    /// PEM certificate chain and key presented to replicas that require one (mTLS).
+    #[serde(default)]
+    pub client_cert: Option<String>,
+    #[serde(default)]
+    pub client_key: Option<String>,
+    /// `false` accepts any certificate: an explicit, logged choice for test clusters.
+    #[serde(default = "default_true")]
+    pub verify: bool,
+}
+
+/// A listener's certificate chain and private key, PEM files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: String,
+    pub key: String,
 }
 
 impl Default for RawServer {
@@ -85,6 +126,13 @@ impl Default for RawServer {
             upgrade_sock: "/tmp/quipu_upgrade.sock".into(),
             replica_id: None,
             access_log: true,
+            tls: None,
+            tls_handshake_timeout_ms: 10_000,
+            http2: true,
+            h2c: true,
+            h2_max_streams: 256,
+            dns_refresh_s: 30,
+            dns_servers: Vec::new(),
         }
     }
 }
@@ -208,6 +256,9 @@ pub struct RawModel {
     /// Sent to the upstream as `Authorization: Bearer …` (vLLM `--api-key`).
     #[serde(default)]
     pub upstream_api_key: Option<String>,
+    /// How `https://` replicas are verified, and the client certificate they may require.
+    #[serde(default)]
+    pub upstream_tls: Option<RawUpstreamTls>,
     pub prices: RawPrices,
     #[serde(default = "default_context_window")]
     pub context_window: u64,

@@ -1,7 +1,7 @@
 //! One upstream server of a model: its URL parsed into the parts the upstream client needs.
 //!
-//! By syntax alone: a host name is kept as written and resolved later by the binary, once at
-//! `serve` start (`quipu::upstream::resolve`), never here and never on the request path.
+//! By syntax alone: a host name is kept as written and resolved by the binary while it runs
+//! (`quipu::upstream::resolve`), never here and never on the request path.
 
 use http::uri::{Authority, InvalidUri, Uri};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -11,14 +11,16 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 pub struct Replica {
     /// The URL as configured (for logs and metrics labels).
     pub url: String,
+    /// `https://`: the connection is TLS, verified as the model's `upstream_tls` says.
+    pub tls: bool,
     /// `host:port` as written, sent as the `Host` header.
     pub authority: String,
     /// The host as written (an IP literal without brackets, or a name).
     pub host: String,
     pub port: u16,
-    /// Where to connect. Set by parsing when the host is an IP literal; for a name, by the
-    /// binary at start (`quipu::upstream::resolve`; until then the unroutable `0.0.0.0:0`, see
-    /// [`Replica::is_resolved`]). The gateway never resolves names on the request path.
+    /// Where to connect when the host is an IP literal; for a name, the unroutable
+    /// `0.0.0.0:0` (see [`Replica::is_resolved`]): the binary resolves names while it runs and
+    /// keeps the current address with the replica's live state.
     pub addr: SocketAddr,
     /// Path of the OpenAI API root, `/v1` unless the URL says otherwise.
     pub api_base: String,
@@ -35,27 +37,30 @@ impl Replica {
     pub fn is_resolved(&self) -> bool {
         self.addr != UNRESOLVED
     }
+
+    /// The TLS server name to send and verify: the host as written (an IP literal is verified
+    /// against the certificate's IP addresses).
+    pub fn sni(&self) -> &str {
+        &self.host
+    }
 }
 
 /// [`Replica::addr`] of a named replica before it is resolved: port 0 of the unspecified
 /// address, which a connect attempt can never reach.
 const UNRESOLVED: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
 
-/// Parses `http://host[:port][/path]`, by syntax alone. The URL's grammar is RFC 3986's, read
-/// by [`http::Uri`]; what it may say is Quipu's: the scheme is `http`; there is a host and no
-/// credentials, query or fragment; the host is an IPv4 literal, a bracketed IPv6 literal or a
-/// host name ([`is_host_name`]); the port, 80 if absent, is 1 to 65535; the path, `/v1` if
-/// absent, is the OpenAI API root. Names are resolved later, by the binary
-/// (`quipu::upstream::resolve`).
+/// Parses `http[s]://host[:port][/path]`, by syntax alone. The URL's grammar is RFC 3986's,
+/// read by [`http::Uri`]; what it may say is Quipu's: the scheme is `http` or `https`; there is
+/// a host and no credentials, query or fragment; the host is an IPv4 literal, a bracketed IPv6
+/// literal or a host name ([`is_host_name`]); the port, 80 (`http`) or 443 (`https`) if absent,
+/// is 1 to 65535; the path, `/v1` if absent, is the OpenAI API root. Names are resolved by the
+/// binary (`quipu::upstream::resolve`).
 pub fn parse_replica(url: &str) -> Result<Replica, String> {
-    if !url.starts_with("http://") {
-        return Err(if url.starts_with("https://") {
-            format!(
-                "\"{url}\": https upstreams are not supported by this build; reach the upstream over http inside its network"
-            )
-        } else {
-            format!("\"{url}\" must start with http:// (e.g. \"http://10.0.0.5:8000/v1\")")
-        });
+    let tls = url.starts_with("https://");
+    if !tls && !url.starts_with("http://") {
+        return Err(format!(
+            "\"{url}\" must start with http:// or https:// (e.g. \"http://10.0.0.5:8000/v1\")"
+        ));
     }
     let uri: Uri = url.parse().map_err(|e| unparsable(url, &e))?;
     // `Uri` drops a fragment without a word: look for one in the text.
@@ -85,6 +90,7 @@ pub fn parse_replica(url: &str) -> Result<Replica, String> {
         .strip_prefix(host_text)
         .ok_or_else(|| no_host(url))?;
     let port = match after_host {
+        "" if tls => 443,
         "" => 80,
         after => match after.strip_prefix(':') {
             Some(p) if p.bytes().all(|b| b.is_ascii_digit()) => p
@@ -122,6 +128,7 @@ pub fn parse_replica(url: &str) -> Result<Replica, String> {
     };
     Ok(Replica {
         url: url.to_owned(),
+        tls,
         authority: authority.to_owned(),
         host: host.to_owned(),
         port,
@@ -143,6 +150,7 @@ fn bad_port(url: &str) -> String {
 fn unparsable(url: &str, e: &InvalidUri) -> String {
     let authority = url
         .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
         .and_then(|rest| rest.split(['/', '?', '#']).next())
         .unwrap_or_default();
     if authority.is_empty() {

@@ -2,9 +2,10 @@
 //! (listeners, sizes, timeouts, rate-limit defaults, the reasoning field name, the image URL
 //! policy), validated.
 
-use super::raw::{RawLimits, RawSecurity, RawServer, RawStreaming};
+use super::raw::{RawLimits, RawSecurity, RawServer, RawStreaming, RawTls};
 use super::secrets::secret;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The largest request head pingora 0.9 reads (`MAX_HEADER_SIZE`); above it, a bare 400.
@@ -32,6 +33,23 @@ pub struct Server {
     pub upgrade_sock: String,
     pub replica_id: Option<String>,
     pub access_log: bool,
+    /// TLS on the API listener (the files are read, and reread on reload, by `quipu serve`).
+    pub tls: Option<TlsFiles>,
+    pub tls_handshake_timeout: Duration,
+    pub http2: bool,
+    pub h2c: bool,
+    pub h2_max_streams: u32,
+    /// Longest time an upstream name's address is kept before it is resolved again.
+    pub dns_refresh: Duration,
+    /// Name servers for upstream names; empty: the system's.
+    pub dns_servers: Vec<SocketAddr>,
+}
+
+/// A listener's certificate chain and private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -121,6 +139,39 @@ pub(super) fn validate_server(
             errs.push("server.admin_token must be at least 16 characters long".into());
         }
     }
+    if s.tls_handshake_timeout_ms == 0 {
+        errs.push("server.tls_handshake_timeout_ms must be at least 1".into());
+    }
+    if !(1..=10_000).contains(&s.h2_max_streams) {
+        errs.push(format!(
+            "server.h2_max_streams must be between 1 and 10000, got {}",
+            s.h2_max_streams
+        ));
+    }
+    if s.dns_refresh_s == 0 {
+        errs.push("server.dns_refresh_s must be at least 1".into());
+    }
+    let dns_servers = s
+        .dns_servers
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let key = format!("server.dns_servers[{i}]");
+            match v.parse::<std::net::IpAddr>() {
+                Ok(ip) => SocketAddr::new(ip, 53),
+                Err(_) => socket_addr(v, &key, errs),
+            }
+        })
+        .collect();
+    let tls = s.tls.map(|RawTls { cert, key }| {
+        if cert.is_empty() || key.is_empty() {
+            errs.push("server.tls needs both `cert` and `key` (PEM files)".into());
+        }
+        TlsFiles {
+            cert: cert.into(),
+            key: key.into(),
+        }
+    });
     Server {
         listen: socket_addr(&s.listen, "server.listen", errs),
         metrics_listen: socket_addr(&s.metrics_listen, "server.metrics_listen", errs),
@@ -141,6 +192,13 @@ pub(super) fn validate_server(
         upgrade_sock: s.upgrade_sock,
         replica_id: s.replica_id.filter(|r| !r.is_empty()),
         access_log: s.access_log,
+        tls,
+        tls_handshake_timeout: Duration::from_millis(s.tls_handshake_timeout_ms),
+        http2: s.http2,
+        h2c: s.h2c,
+        h2_max_streams: s.h2_max_streams,
+        dns_refresh: Duration::from_secs(s.dns_refresh_s),
+        dns_servers,
     }
 }
 

@@ -23,7 +23,18 @@ fn replica_urls() {
         (r.host.as_str(), r.port),
         ("vllm-0.vllm.svc.cluster.local", 8000)
     );
-    assert!(parse_replica("https://x:1").unwrap_err().contains("https"));
+    let r = parse_replica("https://llm.example.com/v1").unwrap();
+    assert!(r.tls);
+    assert_eq!(
+        (r.port, r.sni(), r.authority.as_str()),
+        (443, "llm.example.com", "llm.example.com")
+    );
+    let r = parse_replica("https://10.0.0.5:8443").unwrap();
+    assert_eq!((r.tls, r.port, r.sni()), (true, 8443, "10.0.0.5"));
+    assert!(!parse_replica("http://x:1").unwrap().tls);
+    assert!(parse_replica("ftp://x:1")
+        .unwrap_err()
+        .contains("http:// or https://"));
     for bad in [
         "10.0.0.1:80",
         "http://",
