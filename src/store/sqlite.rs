@@ -14,6 +14,10 @@
 //! already dropped from memory. Ledger rows arrive in batches from a background writer, so the
 //! fsync is paid per batch, not per request, and the request path never waits on it.
 //!
+//! **Permissions.** A new database file is created readable and writable by its owner only
+//! (0600), and so are the `-wal` and `-shm` files SQLite makes beside it: they hold every
+//! balance, the ledger and the keys' hashes. An existing file is left as it is.
+//!
 //! Money follows `sql_money`: ledger deltas are INTEGER pico-soles; balances and leases are
 //! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
 //! sums use split halves so they can neither overflow nor become floats.
@@ -77,6 +81,7 @@ impl SqliteStore {
                     })?;
                 }
             }
+            create_private(Path::new(path)).map_err(|e| fail("cannot create the file", &e))?;
         }
         let mut conn = Connection::open(path).map_err(|e| fail("cannot open", &e))?;
         conn.busy_timeout(BUSY_TIMEOUT)
@@ -110,6 +115,25 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| StoreError::Backend(format!("sqlite database {path}: task failed: {e}")))?
+    }
+}
+
+/// Creates the database file, empty and readable by its owner only (mode 0600), unless it
+/// exists: it holds every tenant's balance and ledger and the keys' hashes. SQLite opens an
+/// existing empty file as a new database, and gives the `-wal` and `-shm` files it creates
+/// beside it the main file's permissions, so they are 0600 too. An existing file keeps the
+/// permissions it has (an operator may have chosen them).
+fn create_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -942,5 +966,45 @@ impl Store for SqliteStore {
             Ok(out)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn a_new_database_and_its_wal_files_are_private_to_the_owner() {
+        let dir = std::env::temp_dir().join(format!(
+            "quipu-sqlite-mode-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let file = dir.join("quipu.db");
+        let s = SqliteStore::open(&file.display().to_string())
+            .await
+            .unwrap();
+        // A write, so that SQLite has created the -wal and -shm files.
+        s.create_tenant("acme").await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let path = PathBuf::from(format!("{}{suffix}", file.display()));
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+        drop(s);
+
+        // An existing file keeps the permissions the operator gave it.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let s = SqliteStore::open(&file.display().to_string())
+            .await
+            .unwrap();
+        assert_eq!(s.list_tenants().await.unwrap().len(), 1);
+        assert_eq!(mode(&file), 0o640);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
