@@ -41,32 +41,24 @@ pub trait SqlType {
     const NULLABLE: bool = false;
 }
 
-impl SqlType for String {
-    const SQLITE: &'static str = "TEXT";
-    const PG: &'static str = "text";
-    const PG_TYPE: Type = Type::TEXT;
-    const PG_ARRAY: Type = Type::TEXT_ARRAY;
+/// `impl SqlType` for a non-null Rust type: its SQLite and PostgreSQL types, and the
+/// PostgreSQL parameter types of one value and of an array.
+macro_rules! sql_type {
+    ($($rust:ty => $sqlite:literal, $pg:literal, $one:ident, $array:ident;)+) => {$(
+        impl SqlType for $rust {
+            const SQLITE: &'static str = $sqlite;
+            const PG: &'static str = $pg;
+            const PG_TYPE: Type = Type::$one;
+            const PG_ARRAY: Type = Type::$array;
+        }
+    )+};
 }
 
-impl SqlType for i64 {
-    const SQLITE: &'static str = "INTEGER";
-    const PG: &'static str = "bigint";
-    const PG_TYPE: Type = Type::INT8;
-    const PG_ARRAY: Type = Type::INT8_ARRAY;
-}
-
-impl SqlType for i32 {
-    const SQLITE: &'static str = "INTEGER";
-    const PG: &'static str = "integer";
-    const PG_TYPE: Type = Type::INT4;
-    const PG_ARRAY: Type = Type::INT4_ARRAY;
-}
-
-impl SqlType for bool {
-    const SQLITE: &'static str = "INTEGER";
-    const PG: &'static str = "boolean";
-    const PG_TYPE: Type = Type::BOOL;
-    const PG_ARRAY: Type = Type::BOOL_ARRAY;
+sql_type! {
+    String => "TEXT", "text", TEXT, TEXT_ARRAY;
+    i64 => "INTEGER", "bigint", INT8, INT8_ARRAY;
+    i32 => "INTEGER", "integer", INT4, INT4_ARRAY;
+    bool => "INTEGER", "boolean", BOOL, BOOL_ARRAY;
 }
 
 impl<T: SqlType> SqlType for Option<T> {
