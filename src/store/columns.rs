@@ -5,9 +5,9 @@
 //! names, their order and their types are written nowhere else in Rust.
 //!
 //! **Adding a ledger column** takes three edits: a migration in `schema.rs` (both dialects),
-//! the field in `rows::RawLedgerRow` with its entry in the [`table_row!`] list below it, and
-//! the [`LedgerRow`](super::LedgerRow) field it carries. Forgetting the list entry or either
-//! conversion between the two structs fails to compile (they destructure every field); a list
+//! the field in the [`table_row!`] list that defines `rows::RawLedgerRow`, and the
+//! [`LedgerRow`](super::LedgerRow) field it carries. Forgetting either field fails to compile
+//! (the conversions between the two structs build or destructure every field); a list
 //! that disagrees with the migrated table in a name, a type or nullability fails the store
 //! suite's `ledger_columns_match_the_migrated_table` on SQLite and on PostgreSQL.
 //!
@@ -70,7 +70,9 @@ impl<T: SqlType> SqlType for Option<T> {
 }
 
 /// Implements, for a struct whose fields are a table's columns, the column list and the row
-/// mapping of both backends, from one list of `field: Type` in column order:
+/// mapping of both backends, from one list of `field: Type` in column order. The form
+/// `table_row!(struct Row, COLUMNS, batch Batch { … })` also defines the struct (`pub(crate)`,
+/// every field `pub`) from the same list, so its fields are written once.
 ///
 /// - `const $COLUMNS: &[Column]`;
 /// - `sqlite_params(&self)`, the values in column order for `?1, ?2, …`, and
@@ -123,7 +125,17 @@ macro_rules! table_row {
             }
         }
     };
-    ($row:ident, $columns:ident, batch $batch:ident { $($field:ident: $ty:ty),+ $(,)? }) => {
+    (
+        $(#[$attr:meta])*
+        struct $row:ident, $columns:ident, batch $batch:ident {
+            $($(#[$field_attr:meta])* $field:ident: $ty:ty),+ $(,)?
+        }
+    ) => {
+        $(#[$attr])*
+        pub(crate) struct $row {
+            $($(#[$field_attr])* pub $field: $ty,)+
+        }
+
         $crate::store::columns::table_row!($row, $columns { $($field: $ty),+ });
 
         /// Rows as one array per column, for `INSERT … SELECT … FROM UNNEST(…)`.

@@ -14,43 +14,29 @@ use super::{
 use crate::money::Pen;
 use serde_json::Value;
 
-/// A request ledger row as its columns hold it (see `columns`): what both backends bind and
-/// read, before range checks. The columns a request row leaves `NULL` (they are for top-ups)
-/// are never `NULL` here once written by [`check_row`]; read back, `NULL` means empty or 0.
-pub(crate) struct RawLedgerRow {
-    pub entry_id: String,
-    pub tenant_id: i64,
-    pub at: i64,
-    /// Minus the charge, in pico-soles.
-    pub delta: i64,
-    pub key_id: Option<String>,
-    pub model: Option<String>,
-    pub format: Option<String>,
-    pub input_tokens: Option<i64>,
-    pub cached_tokens: Option<i64>,
-    pub output_tokens: Option<i64>,
-    pub status: Option<String>,
-    pub http_status: Option<i32>,
-    pub unbilled: i64,
-    pub input_estimated: bool,
-}
-
-table_row!(RawLedgerRow, LEDGER_COLUMNS, batch LedgerBatch {
-    entry_id: String,
-    tenant_id: i64,
-    at: i64,
-    delta: i64,
-    key_id: Option<String>,
-    model: Option<String>,
-    format: Option<String>,
-    input_tokens: Option<i64>,
-    cached_tokens: Option<i64>,
-    output_tokens: Option<i64>,
-    status: Option<String>,
-    http_status: Option<i32>,
-    unbilled: i64,
-    input_estimated: bool,
-});
+table_row!(
+    /// A request ledger row as its columns hold it (see `columns`): what both backends bind
+    /// and read, before range checks. The columns a request row leaves `NULL` (they are for
+    /// top-ups) are never `NULL` here once written by [`check_row`]; read back, `NULL` means
+    /// empty or 0. These fields, in this order, are [`LEDGER_COLUMNS`].
+    struct RawLedgerRow, LEDGER_COLUMNS, batch LedgerBatch {
+        entry_id: String,
+        tenant_id: i64,
+        at: i64,
+        /// Minus the charge, in pico-soles.
+        delta: i64,
+        key_id: Option<String>,
+        model: Option<String>,
+        format: Option<String>,
+        input_tokens: Option<i64>,
+        cached_tokens: Option<i64>,
+        output_tokens: Option<i64>,
+        status: Option<String>,
+        http_status: Option<i32>,
+        unbilled: i64,
+        input_estimated: bool,
+    }
+);
 
 /// Validates a request row before any write (the charge and tokens must fit their columns)
 /// and gives its column values.
