@@ -2,7 +2,7 @@
 # Installs what building and testing Quipu needs on a fresh Debian 12 machine, and nothing when
 # it is already there. Sourced by scripts/test.sh and scripts/run.sh; safe to run on its own.
 #
-#   build:  cmake (pingora builds zlib-ng with it), a C compiler
+#   build:  cmake (pingora builds zlib-ng with it), a C compiler, curl (run.sh --demo)
 #   tests:  PostgreSQL server binaries, Prometheus + promtool, Python 3 venv with the pinned
 #           official SDKs (tests/python/requirements.txt), Node.js/npm for Claude Code
 set -euo pipefail
@@ -12,10 +12,11 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+# curl: the catalog checks in the README, and run.sh --demo (it waits and calls with it).
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
   command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
-  command -v curl >/dev/null 2>&1 || need_apt+=(curl)
   # Debian's python3 cannot make a venv without python3-venv (ensurepip).
   python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
   # Claude Code's integration test installs the CLI with npm (scripts/deps-claude-code.sh).

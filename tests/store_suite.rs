@@ -17,6 +17,7 @@
 
 use quipu::keys;
 use quipu::money::Pen;
+use quipu::store::columns::{Column, LEDGER_COLUMNS, LEDGER_OTHER_COLUMNS, REJECT_COLUMNS};
 use quipu::store::{self, KeyLimits, LedgerRow, NewKey, Store, StoreError, TenantId};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -117,6 +118,62 @@ impl Fixture {
         }
     }
 
+    /// The columns of `table` as the migrations made it: (name, type, nullable), by name.
+    async fn table_columns(&self, table: &str) -> Vec<(String, String, bool)> {
+        let mut cols: Vec<(String, String, bool)> = match &self.cleanup {
+            Cleanup::Dir(_) => {
+                let path = self.url.strip_prefix("sqlite://").unwrap();
+                let c = rusqlite::Connection::open(path).unwrap();
+                let mut stmt = c
+                    .prepare(&format!(
+                        "SELECT name, type, \"notnull\", pk FROM pragma_table_info('{table}')"
+                    ))
+                    .unwrap();
+                let rows = stmt
+                    .query_map([], |r| {
+                        let (not_null, pk): (i64, i64) = (r.get(2)?, r.get(3)?);
+                        // A STRICT table's primary key is never NULL, declared so or not.
+                        Ok((r.get(0)?, r.get(1)?, not_null == 0 && pk == 0))
+                    })
+                    .unwrap();
+                rows.collect::<Result<_, _>>().unwrap()
+            }
+            Cleanup::PgDatabase { .. } => {
+                let c = admin_client(&self.url).await;
+                c.query(
+                    "SELECT column_name::text, data_type::text, is_nullable = 'YES'
+                       FROM information_schema.columns
+                      WHERE table_schema = current_schema() AND table_name = $1",
+                    &[&table],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect()
+            }
+        };
+        cols.sort();
+        cols
+    }
+
+    /// `columns` as [`Fixture::table_columns`] shows them on this backend, by name.
+    fn expected_columns<'a>(
+        &self,
+        columns: impl IntoIterator<Item = &'a Column>,
+    ) -> Vec<(String, String, bool)> {
+        let sqlite = matches!(self.cleanup, Cleanup::Dir(_));
+        let mut cols: Vec<(String, String, bool)> = columns
+            .into_iter()
+            .map(|c| {
+                let ty = if sqlite { c.sqlite_type } else { c.pg_type };
+                (c.name.to_owned(), ty.to_owned(), c.nullable)
+            })
+            .collect();
+        cols.sort();
+        cols
+    }
+
     async fn finish(self) {
         match self.cleanup {
             Cleanup::Dir(dir) => {
@@ -192,6 +249,7 @@ macro_rules! store_suite {
 
 store_suite!(
     migrations_run_once_and_reopen,
+    ledger_columns_match_the_migrated_table,
     tenants,
     keys_store_only_hashes_and_move_the_version,
     top_ups,
@@ -269,6 +327,23 @@ async fn migrations_run_once_and_reopen(fx: &Fixture) {
     let c = fx.open().await;
     assert_eq!(c.tenant_by_name("acme").await.unwrap(), Some(t));
     assert_eq!(c.keys_version().await.unwrap(), v);
+}
+
+/// The column lists both stores build their statements from (`store::columns`) are the
+/// migrated tables' columns, with their types and nullability: a migration that adds a column
+/// without its entry in the list (or the other way round) fails here.
+async fn ledger_columns_match_the_migrated_table(fx: &Fixture) {
+    drop(fx.open().await);
+    assert_eq!(
+        fx.table_columns("ledger").await,
+        fx.expected_columns(LEDGER_COLUMNS.iter().chain(LEDGER_OTHER_COLUMNS)),
+        "store::columns::LEDGER_COLUMNS (with LEDGER_OTHER_COLUMNS) against the ledger table"
+    );
+    assert_eq!(
+        fx.table_columns("ledger_rejects").await,
+        fx.expected_columns(REJECT_COLUMNS),
+        "store::columns::REJECT_COLUMNS against the ledger_rejects table"
+    );
 }
 
 async fn tenants(fx: &Fixture) {

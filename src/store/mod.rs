@@ -26,6 +26,7 @@
 //! balance and the recording replica's lease. Leases carry a heartbeat; a replica that died
 //! holding one loses it after a timeout.
 
+pub mod columns;
 pub mod postgres;
 mod rows;
 pub mod schema;

@@ -26,20 +26,23 @@
 //! **Cheap polls.** `keys_version` is one primary-key lookup with no parameters, sent as a
 //! simple query on a pooled connection: one round trip.
 
+use super::columns::{names, pg_placeholders, unnest, LEDGER_COLUMNS, REJECT_COLUMNS};
 use super::rows::{
-    check_idempotency_key, check_row, check_top_up, period_bounds, top_up_entry_id, RawLedgerRow,
+    check_row, conflict_if_unique, limits_from_sql, limits_to_sql, period_bounds, rejected,
+    replayed_top_up, secret_hash, tenant_missing, top_up_entry, DbError, EarlierTopUp, LedgerBatch,
+    RawLedgerRow, Taken,
 };
-use super::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text, u64_to_i64};
+use super::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
 use super::{
-    now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow, ModelTotals,
-    NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId,
-    TenantSummary, TopUp, TopUpOutcome, UnixMs,
+    now_ms, schema, ActiveKey, Balance, KeyInfo, LeaseGrant, LedgerRow, ModelTotals, NewKey,
+    RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId, TenantSummary, TopUp,
+    TopUpOutcome, UnixMs,
 };
 use crate::config::redact_url;
 use crate::money::Pen;
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::error::SqlState;
@@ -192,7 +195,7 @@ fn error_text(e: &tokio_postgres::Error) -> String {
 
 /// What a transaction body can fail with: the database (maybe retryable) or a store-level
 /// answer (not found, conflict, a value out of range).
-enum PgErr {
+pub(crate) enum PgErr {
     Db(tokio_postgres::Error),
     Store(StoreError),
 }
@@ -218,8 +221,12 @@ fn is_retryable(e: &tokio_postgres::Error) -> bool {
     )
 }
 
-fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
-    e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+impl DbError for tokio_postgres::Error {
+    type Failure = PgErr;
+
+    fn is_unique_violation(&self) -> bool {
+        self.code() == Some(&SqlState::UNIQUE_VIOLATION)
+    }
 }
 
 /// Runs `$body` (an expression using `$client: &mut Client`) on a pooled connection, retrying
@@ -243,10 +250,6 @@ macro_rules! with_retry {
             }
         }
     }};
-}
-
-fn tenant_missing(id: TenantId) -> StoreError {
-    StoreError::NotFound(format!("tenant {id} does not exist"))
 }
 
 impl PgStore {
@@ -352,25 +355,6 @@ async fn lock_tenant(tx: &Transaction<'_>, tenant: TenantId) -> PgResult<Pen> {
     )?)
 }
 
-fn limits_to_sql(l: KeyLimits) -> StoreResult<(Option<i64>, Option<i64>)> {
-    let rpm = l
-        .requests_per_minute
-        .map(|v| u64_to_i64(v, "requests_per_minute"))
-        .transpose()?;
-    let tpm = l
-        .tokens_per_minute
-        .map(|v| u64_to_i64(v, "tokens_per_minute"))
-        .transpose()?;
-    Ok((rpm, tpm))
-}
-
-fn limits_from_sql(rpm: Option<i64>, tpm: Option<i64>) -> StoreResult<KeyLimits> {
-    Ok(KeyLimits {
-        requests_per_minute: rpm.map(|v| i64_to_u64(v, "rpm_limit")).transpose()?,
-        tokens_per_minute: tpm.map(|v| i64_to_u64(v, "tpm_limit")).transpose()?,
-    })
-}
-
 async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResult<Tenant> {
     let now = now_ms();
     let tx = client.transaction().await?;
@@ -380,15 +364,7 @@ async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResult<Tenant> {
             &[(&name, Type::TEXT), (&now, Type::INT8)],
         )
         .await
-        .map_err(|e| {
-            if is_unique_violation(&e) {
-                PgErr::Store(StoreError::Conflict(format!(
-                    "a tenant named \"{name}\" already exists"
-                )))
-            } else {
-                PgErr::Db(e)
-            }
-        })?;
+        .map_err(conflict_if_unique(Taken::TenantName(name)))?;
     let id: i64 = row.try_get(0)?;
     bump_keys_version(&tx).await?;
     tx.commit().await?;
@@ -479,16 +455,7 @@ async fn create_key_tx(client: &mut Client, key: &NewKey) -> PgResult<KeyInfo> {
         ],
     )
     .await
-    .map_err(|e| {
-        if is_unique_violation(&e) {
-            PgErr::Store(StoreError::Conflict(format!(
-                "a key with id {} or with the same secret already exists",
-                key.id
-            )))
-        } else {
-            PgErr::Db(e)
-        }
-    })?;
+    .map_err(conflict_if_unique(Taken::Key(&key.id)))?;
     bump_keys_version(&tx).await?;
     tx.commit().await?;
     Ok(KeyInfo {
@@ -605,15 +572,8 @@ async fn active_keys_q(client: &mut Client) -> PgResult<(i64, Vec<ActiveKey>)> {
     tx.commit().await?;
     let mut keys = Vec::with_capacity(rows.len());
     for r in rows {
-        let hash: Vec<u8> = r.try_get(0)?;
-        let secret_hash = <[u8; 32]>::try_from(hash.as_slice()).map_err(|_| {
-            StoreError::Backend(format!(
-                "api_keys.secret_sha256 has {} bytes, expected 32",
-                hash.len()
-            ))
-        })?;
         keys.push(ActiveKey {
-            secret_hash,
+            secret_hash: secret_hash(r.try_get(0)?)?,
             key_id: r.try_get(1)?,
             tenant_id: r.try_get(2)?,
             tenant_name: r.try_get(3)?,
@@ -643,24 +603,20 @@ async fn top_up_tx(
         )
         .await?;
     if let Some(r) = earlier {
-        let (t, d): (i64, i64) = (r.try_get(0)?, r.try_get(1)?);
-        if t != tenant || d != delta {
-            return Err(StoreError::Conflict(format!(
-                "the idempotency key of top-up {id} was already used for another tenant or amount"
-            ))
-            .into());
-        }
-        return Ok(TopUpOutcome {
-            top_up: TopUp {
-                id: id.to_owned(),
-                tenant_id: tenant,
-                amount,
-                at: r.try_get(2)?,
-                note: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
-            },
+        let earlier = EarlierTopUp {
+            tenant_id: r.try_get(0)?,
+            delta: r.try_get(1)?,
+            at: r.try_get(2)?,
+            note: r.try_get(3)?,
+        };
+        return Ok(replayed_top_up(
+            id.to_owned(),
+            tenant,
+            amount,
+            delta,
+            earlier,
             balance,
-            replayed: true,
-        });
+        )?);
     }
     tx.execute_typed(
         "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
@@ -674,15 +630,7 @@ async fn top_up_tx(
         ],
     )
     .await
-    .map_err(|e| {
-        if is_unique_violation(&e) {
-            PgErr::Store(StoreError::Conflict(format!(
-                "the idempotency key of top-up {id} was already used for another tenant"
-            )))
-        } else {
-            PgErr::Db(e)
-        }
-    })?;
+    .map_err(conflict_if_unique(Taken::TopUp(id)))?;
     let after = tx
         .query_typed_one(
             "UPDATE tenants SET balance = balance + $2::numeric WHERE id = $1
@@ -721,54 +669,34 @@ async fn balance_q(client: &mut Client, tenant: TenantId) -> PgResult<Balance> {
     })
 }
 
-/// The columns of a batch, for one multi-row `INSERT … SELECT FROM UNNEST(…)`.
-#[derive(Default)]
-struct Batch {
-    entry_id: Vec<String>,
-    tenant_id: Vec<i64>,
-    at: Vec<i64>,
-    delta: Vec<i64>,
-    key_id: Vec<String>,
-    model: Vec<String>,
-    format: Vec<String>,
-    input: Vec<i64>,
-    cached: Vec<i64>,
-    output: Vec<i64>,
-    status: Vec<String>,
-    http_status: Vec<i32>,
-    unbilled: Vec<i64>,
-    input_estimated: Vec<bool>,
-}
-
-fn batch_of(rows: &[LedgerRow]) -> StoreResult<Batch> {
-    let mut b = Batch::default();
+/// Request rows as one array per column (see `columns`), for one multi-row insert.
+fn batch_of(rows: &[LedgerRow]) -> StoreResult<LedgerBatch> {
+    let mut b = LedgerBatch::default();
     // A batch may repeat an id (a replay appended to new rows); the first occurrence wins,
     // as it would if they came in separate batches.
     let mut seen = HashSet::new();
     for row in rows {
-        let p = check_row(row)?;
-        if !seen.insert(row.request_id.as_str()) {
-            continue;
+        let raw = check_row(row)?;
+        if seen.insert(row.request_id.as_str()) {
+            b.push(raw);
         }
-        b.entry_id.push(row.request_id.clone());
-        b.tenant_id.push(row.tenant_id);
-        b.at.push(row.at);
-        b.delta.push(p.delta);
-        b.key_id.push(row.key_id.clone());
-        b.model.push(row.model.clone());
-        b.format.push(row.format.clone());
-        b.input.push(p.input);
-        b.cached.push(p.cached);
-        b.output.push(p.output);
-        b.status.push(row.status.clone());
-        b.http_status.push(i32::from(row.http_status));
-        b.unbilled.push(p.unbilled);
-        b.input_estimated.push(row.input_estimated);
     }
     Ok(b)
 }
 
-async fn record_tx(client: &mut Client, replica: &str, b: &Batch) -> PgResult<u64> {
+/// A batch's rows, as `record` inserts them; answers each new row's tenant and delta.
+static INSERT_LEDGER_ROWS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO ledger (kind, {cols})
+         SELECT 'request', {cols} FROM {unnest}
+         ON CONFLICT (entry_id) DO NOTHING
+         RETURNING tenant_id, delta",
+        cols = names(LEDGER_COLUMNS),
+        unnest = unnest(LEDGER_COLUMNS, "u"),
+    )
+});
+
+async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgResult<u64> {
     let tx = client.transaction().await?;
     let mut tenants: Vec<i64> = b.tenant_id.clone();
     tenants.sort_unstable();
@@ -787,36 +715,7 @@ async fn record_tx(client: &mut Client, replica: &str, b: &Batch) -> PgResult<u6
         let missing = tenants.iter().find(|t| !found.contains(t)).copied();
         return Err(tenant_missing(missing.unwrap_or_default()).into());
     }
-    let inserted = tx
-        .query_typed(
-            "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, key_id, model, format,
-                                 input_tokens, cached_tokens, output_tokens, status, http_status,
-                                 unbilled, input_estimated)
-             SELECT e, 'request', t, a, d, k, m, f, i, c, o, s, h, ub, ie
-               FROM UNNEST($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::text[], $6::text[],
-                           $7::text[], $8::int8[], $9::int8[], $10::int8[], $11::text[],
-                           $12::int4[], $13::int8[], $14::bool[])
-                    AS u(e, t, a, d, k, m, f, i, c, o, s, h, ub, ie)
-             ON CONFLICT (entry_id) DO NOTHING
-             RETURNING tenant_id, delta",
-            &[
-                (&b.entry_id, Type::TEXT_ARRAY),
-                (&b.tenant_id, Type::INT8_ARRAY),
-                (&b.at, Type::INT8_ARRAY),
-                (&b.delta, Type::INT8_ARRAY),
-                (&b.key_id, Type::TEXT_ARRAY),
-                (&b.model, Type::TEXT_ARRAY),
-                (&b.format, Type::TEXT_ARRAY),
-                (&b.input, Type::INT8_ARRAY),
-                (&b.cached, Type::INT8_ARRAY),
-                (&b.output, Type::INT8_ARRAY),
-                (&b.status, Type::TEXT_ARRAY),
-                (&b.http_status, Type::INT4_ARRAY),
-                (&b.unbilled, Type::INT8_ARRAY),
-                (&b.input_estimated, Type::BOOL_ARRAY),
-            ],
-        )
-        .await?;
+    let inserted = tx.query_typed(&INSERT_LEDGER_ROWS, &b.pg_params()).await?;
     let mut charged: BTreeMap<i64, Pen> = BTreeMap::new();
     for r in &inserted {
         let tenant: i64 = r.try_get(0)?;
@@ -951,17 +850,15 @@ async fn heartbeat_q(client: &mut Client, replica: &str) -> PgResult<Vec<(Tenant
 }
 
 async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
+    let rejected = rejected(row, reason);
     client
         .execute_typed(
-            "INSERT INTO ledger_rejects (request_id, tenant_id, row_json, reason, rejected_at)
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (request_id) DO NOTHING",
-            &[
-                (&row.request_id, Type::TEXT),
-                (&row.tenant_id, Type::INT8),
-                (&row.to_json(), Type::TEXT),
-                (&reason, Type::TEXT),
-                (&now_ms(), Type::INT8),
-            ],
+            &format!(
+                "INSERT INTO ledger_rejects ({}) VALUES ({}) ON CONFLICT (request_id) DO NOTHING",
+                names(REJECT_COLUMNS),
+                pg_placeholders(REJECT_COLUMNS)
+            ),
+            &rejected.pg_params(),
         )
         .await?;
     Ok(())
@@ -970,20 +867,16 @@ async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResul
 async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<RejectedRow>> {
     let rows = client
         .query_typed(
-            "SELECT request_id, tenant_id, row_json, reason, rejected_at
-               FROM ledger_rejects ORDER BY rejected_at, request_id",
+            &format!(
+                "SELECT {} FROM ledger_rejects ORDER BY rejected_at, request_id",
+                names(REJECT_COLUMNS)
+            ),
             &[],
         )
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
-        out.push(RejectedRow {
-            request_id: r.try_get(0)?,
-            tenant_id: r.try_get(1)?,
-            row_json: r.try_get(2)?,
-            reason: r.try_get(3)?,
-            rejected_at: r.try_get(4)?,
-        });
+        out.push(RejectedRow::from_pg(&r)?);
     }
     Ok(out)
 }
@@ -1091,33 +984,18 @@ async fn statement_q(
 async fn ledger_rows_q(client: &mut Client, tenant: Option<TenantId>) -> PgResult<Vec<LedgerRow>> {
     let rows = client
         .query_typed(
-            "SELECT entry_id, at, tenant_id, key_id, model, format, input_tokens, cached_tokens,
-                    output_tokens, delta, status, http_status, unbilled, input_estimated
-               FROM ledger
-              WHERE kind = 'request' AND ($1::bigint IS NULL OR tenant_id = $1)
-              ORDER BY at, entry_id",
+            &format!(
+                "SELECT {} FROM ledger
+                  WHERE kind = 'request' AND ($1::bigint IS NULL OR tenant_id = $1)
+                  ORDER BY at, entry_id",
+                names(LEDGER_COLUMNS)
+            ),
             &[(&tenant, Type::INT8)],
         )
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
-        let raw = RawLedgerRow {
-            request_id: r.try_get(0)?,
-            at: r.try_get(1)?,
-            tenant_id: r.try_get(2)?,
-            key_id: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
-            model: r.try_get::<_, Option<String>>(4)?.unwrap_or_default(),
-            format: r.try_get::<_, Option<String>>(5)?.unwrap_or_default(),
-            input_tokens: r.try_get::<_, Option<i64>>(6)?.unwrap_or(0),
-            cached_tokens: r.try_get::<_, Option<i64>>(7)?.unwrap_or(0),
-            output_tokens: r.try_get::<_, Option<i64>>(8)?.unwrap_or(0),
-            delta: r.try_get(9)?,
-            status: r.try_get::<_, Option<String>>(10)?.unwrap_or_default(),
-            http_status: i64::from(r.try_get::<_, Option<i32>>(11)?.unwrap_or(0)),
-            unbilled: r.try_get(12)?,
-            input_estimated: r.try_get(13)?,
-        };
-        out.push(raw.into_row()?);
+        out.push(RawLedgerRow::from_pg(&r)?.into_row()?);
     }
     Ok(out)
 }
@@ -1167,11 +1045,7 @@ impl Store for PgStore {
         note: &str,
         idempotency_key: Option<&str>,
     ) -> StoreResult<TopUpOutcome> {
-        let delta = check_top_up(amount)?;
-        if let Some(k) = idempotency_key {
-            check_idempotency_key(k)?;
-        }
-        let id = top_up_entry_id(idempotency_key);
+        let (delta, id) = top_up_entry(amount, idempotency_key)?;
         with_retry!(self, c => top_up_tx(c, tenant, amount, delta, note, &id))
     }
 

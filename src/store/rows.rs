@@ -1,24 +1,46 @@
-//! Ledger rows between Rust and SQL, shared by both backends: the checks a row or top-up must
-//! pass before anything is written (so a bad value fails the call instead of being truncated),
-//! the conversion of a stored row back to a [`LedgerRow`], and a row as JSON (the dead-letter
-//! table's `row_json`, the lines of a ledger spill file), read back exactly.
+//! Rows between Rust and SQL, shared by both backends: the checks a row or top-up must pass
+//! before anything is written (so a bad value fails the call instead of being truncated), a
+//! ledger row as its columns ([`RawLedgerRow`], whose column list is [`LEDGER_COLUMNS`]) and
+//! back, the small conversions and messages both stores need alike (key limits, secret hashes,
+//! a taken name), and a row as JSON (the dead-letter table's `row_json`, the lines of a ledger
+//! spill file), read back exactly.
 
+use super::columns::table_row;
 use super::sql_money::{i64_to_u64, pen_to_i64, u64_to_i64};
-use super::{LedgerRow, StoreError, StoreResult, UnixMs};
+use super::{
+    now_ms, KeyLimits, LedgerRow, RejectedRow, StoreError, StoreResult, TenantId, TopUp,
+    TopUpOutcome, UnixMs,
+};
 use crate::money::Pen;
 use serde_json::Value;
 
-/// A checked ledger row, ready to bind.
-pub(crate) struct RowParams {
-    pub delta: i64,
-    pub input: i64,
-    pub cached: i64,
-    pub output: i64,
-    pub unbilled: i64,
-}
+table_row!(
+    /// A request ledger row as its columns hold it (see `columns`): what both backends bind
+    /// and read, before range checks. The columns a request row leaves `NULL` (they are for
+    /// top-ups) are never `NULL` here once written by [`check_row`]; read back, `NULL` means
+    /// empty or 0. These fields, in this order, are [`LEDGER_COLUMNS`].
+    struct RawLedgerRow, LEDGER_COLUMNS, batch LedgerBatch {
+        entry_id: String,
+        tenant_id: i64,
+        at: i64,
+        /// Minus the charge, in pico-soles.
+        delta: i64,
+        key_id: Option<String>,
+        model: Option<String>,
+        format: Option<String>,
+        input_tokens: Option<i64>,
+        cached_tokens: Option<i64>,
+        output_tokens: Option<i64>,
+        status: Option<String>,
+        http_status: Option<i32>,
+        unbilled: i64,
+        input_estimated: bool,
+    }
+);
 
-/// Validates a request row before any write: the charge and tokens must fit their columns.
-pub(crate) fn check_row(row: &LedgerRow) -> StoreResult<RowParams> {
+/// Validates a request row before any write (the charge and tokens must fit their columns)
+/// and gives its column values.
+pub(crate) fn check_row(row: &LedgerRow) -> StoreResult<RawLedgerRow> {
     if row.charge.is_negative() || row.unbilled.is_negative() {
         return Err(StoreError::Invalid(format!(
             "ledger row {} has a negative charge ({}) or unbilled amount ({})",
@@ -32,20 +54,90 @@ pub(crate) fn check_row(row: &LedgerRow) -> StoreResult<RowParams> {
         StoreError::Backend(m) => StoreError::Invalid(m),
         other => other,
     };
-    let params = || -> StoreResult<RowParams> {
-        Ok(RowParams {
+    // A field added to `LedgerRow` fails to compile in `into_row` until `RawLedgerRow` has
+    // its column, and then here until it is bound.
+    let raw = || -> StoreResult<RawLedgerRow> {
+        Ok(RawLedgerRow {
+            entry_id: row.request_id.clone(),
+            tenant_id: row.tenant_id,
+            at: row.at,
             delta: -pen_to_i64(row.charge, &what)?,
-            input: u64_to_i64(row.input_tokens, "input_tokens")?,
-            cached: u64_to_i64(row.cached_tokens, "cached_tokens")?,
-            output: u64_to_i64(row.output_tokens, "output_tokens")?,
+            key_id: Some(row.key_id.clone()),
+            model: Some(row.model.clone()),
+            format: Some(row.format.clone()),
+            input_tokens: Some(u64_to_i64(row.input_tokens, "input_tokens")?),
+            cached_tokens: Some(u64_to_i64(row.cached_tokens, "cached_tokens")?),
+            output_tokens: Some(u64_to_i64(row.output_tokens, "output_tokens")?),
+            status: Some(row.status.clone()),
+            http_status: Some(i32::from(row.http_status)),
             unbilled: pen_to_i64(row.unbilled, "the unbilled amount")?,
+            input_estimated: row.input_estimated,
         })
     };
-    params().map_err(invalid)
+    raw().map_err(invalid)
+}
+
+/// The dead-letter row of a request row the store refused for good, and why.
+pub(crate) fn rejected(row: &LedgerRow, reason: &str) -> RejectedRow {
+    RejectedRow {
+        request_id: row.request_id.clone(),
+        tenant_id: row.tenant_id,
+        row_json: row.to_json(),
+        reason: reason.to_owned(),
+        rejected_at: now_ms(),
+    }
+}
+
+impl RawLedgerRow {
+    /// The charge this row takes from its tenant's balance.
+    pub(crate) fn charge(&self) -> Pen {
+        -Pen::from_picos(i128::from(self.delta))
+    }
+
+    pub(crate) fn into_row(self) -> StoreResult<LedgerRow> {
+        // Every field, so that a new one cannot be forgotten here.
+        let RawLedgerRow {
+            entry_id,
+            tenant_id,
+            at,
+            delta,
+            key_id,
+            model,
+            format,
+            input_tokens,
+            cached_tokens,
+            output_tokens,
+            status,
+            http_status,
+            unbilled,
+            input_estimated,
+        } = self;
+        let http_status = http_status.unwrap_or(0);
+        Ok(LedgerRow {
+            http_status: u16::try_from(http_status).map_err(|_| {
+                StoreError::Backend(format!(
+                    "ledger row {entry_id} has http_status {http_status}"
+                ))
+            })?,
+            request_id: entry_id,
+            at,
+            tenant_id,
+            key_id: key_id.unwrap_or_default(),
+            model: model.unwrap_or_default(),
+            format: format.unwrap_or_default(),
+            input_tokens: i64_to_u64(input_tokens.unwrap_or(0), "input_tokens")?,
+            cached_tokens: i64_to_u64(cached_tokens.unwrap_or(0), "cached_tokens")?,
+            output_tokens: i64_to_u64(output_tokens.unwrap_or(0), "output_tokens")?,
+            charge: -Pen::from_picos(i128::from(delta)),
+            status: status.unwrap_or_default(),
+            unbilled: Pen::from_picos(i128::from(unbilled)),
+            input_estimated,
+        })
+    }
 }
 
 /// Validates an idempotency key of a top-up: 1 to 128 visible ASCII characters.
-pub(crate) fn check_idempotency_key(key: &str) -> StoreResult<()> {
+fn check_idempotency_key(key: &str) -> StoreResult<()> {
     if key.is_empty() || key.len() > 128 || !key.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(StoreError::Invalid(format!(
             "an idempotency key must be 1 to 128 visible ASCII characters, got {key:?}"
@@ -54,16 +146,8 @@ pub(crate) fn check_idempotency_key(key: &str) -> StoreResult<()> {
     Ok(())
 }
 
-/// The ledger entry id of a top-up: random, or derived from its idempotency key.
-pub(crate) fn top_up_entry_id(idempotency_key: Option<&str>) -> String {
-    match idempotency_key {
-        Some(k) => format!("topup_key:{k}"),
-        None => crate::keys::random_id("topup_", 20),
-    }
-}
-
 /// Validates a top-up amount: positive, and within one ledger entry.
-pub(crate) fn check_top_up(amount: Pen) -> StoreResult<i64> {
+fn check_top_up(amount: Pen) -> StoreResult<i64> {
     if amount <= Pen::ZERO {
         return Err(StoreError::Invalid(format!(
             "a top-up must be positive, got {}",
@@ -73,52 +157,139 @@ pub(crate) fn check_top_up(amount: Pen) -> StoreResult<i64> {
     pen_to_i64(amount, "a top-up")
 }
 
+/// Checks a top-up before any write; gives its ledger delta and entry id (random, or derived
+/// from its idempotency key).
+pub(crate) fn top_up_entry(
+    amount: Pen,
+    idempotency_key: Option<&str>,
+) -> StoreResult<(i64, String)> {
+    let delta = check_top_up(amount)?;
+    let id = match idempotency_key {
+        Some(k) => {
+            check_idempotency_key(k)?;
+            format!("topup_key:{k}")
+        }
+        None => crate::keys::random_id("topup_", 20),
+    };
+    Ok((delta, id))
+}
+
+/// A ledger entry already holding a top-up's id, as both stores read it.
+pub(crate) struct EarlierTopUp {
+    pub tenant_id: TenantId,
+    pub delta: i64,
+    pub at: UnixMs,
+    pub note: Option<String>,
+}
+
+/// The answer to a top-up whose idempotency key was used before: the first top-up, replayed,
+/// if it was for the same tenant and amount; a `Conflict` otherwise.
+pub(crate) fn replayed_top_up(
+    id: String,
+    tenant: TenantId,
+    amount: Pen,
+    delta: i64,
+    earlier: EarlierTopUp,
+    balance: Pen,
+) -> StoreResult<TopUpOutcome> {
+    if earlier.tenant_id != tenant || earlier.delta != delta {
+        return Err(StoreError::Conflict(format!(
+            "the idempotency key of top-up {id} was already used for another tenant or amount"
+        )));
+    }
+    Ok(TopUpOutcome {
+        top_up: TopUp {
+            id,
+            tenant_id: tenant,
+            amount,
+            at: earlier.at,
+            note: earlier.note.unwrap_or_default(),
+        },
+        balance,
+        replayed: true,
+    })
+}
+
 /// `(from, to)` of a statement as inclusive/exclusive SQL bounds.
 pub(crate) fn period_bounds(from: Option<UnixMs>, to: Option<UnixMs>) -> (i64, i64) {
     (from.unwrap_or(i64::MIN), to.unwrap_or(i64::MAX))
 }
 
-/// A request ledger row as both backends read it, before range checks.
-pub(crate) struct RawLedgerRow {
-    pub request_id: String,
-    pub at: i64,
-    pub tenant_id: i64,
-    pub key_id: String,
-    pub model: String,
-    pub format: String,
-    pub input_tokens: i64,
-    pub cached_tokens: i64,
-    pub output_tokens: i64,
-    pub delta: i64,
-    pub status: String,
-    pub http_status: i64,
-    pub unbilled: i64,
-    pub input_estimated: bool,
+/// A key's limits as its `rpm_limit` and `tpm_limit` columns (`NULL` = the default).
+pub(crate) fn limits_to_sql(l: KeyLimits) -> StoreResult<(Option<i64>, Option<i64>)> {
+    let rpm = l
+        .requests_per_minute
+        .map(|v| u64_to_i64(v, "requests_per_minute"))
+        .transpose()?;
+    let tpm = l
+        .tokens_per_minute
+        .map(|v| u64_to_i64(v, "tokens_per_minute"))
+        .transpose()?;
+    Ok((rpm, tpm))
 }
 
-impl RawLedgerRow {
-    pub(crate) fn into_row(self) -> StoreResult<LedgerRow> {
-        Ok(LedgerRow {
-            http_status: u16::try_from(self.http_status).map_err(|_| {
-                StoreError::Backend(format!(
-                    "ledger row {} has http_status {}",
-                    self.request_id, self.http_status
-                ))
-            })?,
-            request_id: self.request_id,
-            at: self.at,
-            tenant_id: self.tenant_id,
-            key_id: self.key_id,
-            model: self.model,
-            format: self.format,
-            input_tokens: i64_to_u64(self.input_tokens, "input_tokens")?,
-            cached_tokens: i64_to_u64(self.cached_tokens, "cached_tokens")?,
-            output_tokens: i64_to_u64(self.output_tokens, "output_tokens")?,
-            charge: -Pen::from_picos(i128::from(self.delta)),
-            status: self.status,
-            unbilled: Pen::from_picos(i128::from(self.unbilled)),
-            input_estimated: self.input_estimated,
+/// [`limits_to_sql`] backwards.
+pub(crate) fn limits_from_sql(rpm: Option<i64>, tpm: Option<i64>) -> StoreResult<KeyLimits> {
+    Ok(KeyLimits {
+        requests_per_minute: rpm.map(|v| i64_to_u64(v, "rpm_limit")).transpose()?,
+        tokens_per_minute: tpm.map(|v| i64_to_u64(v, "tpm_limit")).transpose()?,
+    })
+}
+
+/// A stored `secret_sha256`, which must be 32 bytes.
+pub(crate) fn secret_hash(blob: &[u8]) -> StoreResult<[u8; 32]> {
+    <[u8; 32]>::try_from(blob).map_err(|_| {
+        StoreError::Backend(format!(
+            "api_keys.secret_sha256 has {} bytes, expected 32",
+            blob.len()
+        ))
+    })
+}
+
+pub(crate) fn tenant_missing(id: TenantId) -> StoreError {
+    StoreError::NotFound(format!("tenant {id} does not exist"))
+}
+
+/// What a unique key refused, in the words both stores use for the `Conflict`.
+pub(crate) enum Taken<'a> {
+    TenantName(&'a str),
+    /// A key id, or its secret's hash.
+    Key(&'a str),
+    /// A top-up's entry id (from its idempotency key).
+    TopUp(&'a str),
+}
+
+impl Taken<'_> {
+    fn conflict(&self) -> StoreError {
+        StoreError::Conflict(match self {
+            Taken::TenantName(name) => format!("a tenant named \"{name}\" already exists"),
+            Taken::Key(id) => format!("a key with id {id} or with the same secret already exists"),
+            Taken::TopUp(id) => {
+                format!("the idempotency key of top-up {id} was already used for another tenant")
+            }
         })
+    }
+}
+
+/// A backend's error, which may be a unique-key violation.
+pub(crate) trait DbError: Sized {
+    /// What the backend's calls fail with: this error, or a store-level answer.
+    type Failure: From<Self> + From<StoreError>;
+
+    fn is_unique_violation(&self) -> bool;
+}
+
+/// For `map_err` on a write that may hit a unique key: that becomes `taken`'s `Conflict`, any
+/// other error the backend's own.
+pub(crate) fn conflict_if_unique<E: DbError>(
+    taken: Taken<'_>,
+) -> impl FnOnce(E) -> E::Failure + '_ {
+    move |e| {
+        if e.is_unique_violation() {
+            taken.conflict().into()
+        } else {
+            e.into()
+        }
     }
 }
 
@@ -150,33 +321,38 @@ impl LedgerRow {
     /// and a value that does not fit a column still round-trips. [`LedgerRow::from_json_object`]
     /// reads it back exactly.
     pub fn to_json_object(&self) -> serde_json::Map<String, Value> {
+        // Every field, so that a new one cannot be forgotten here.
+        let LedgerRow {
+            request_id,
+            at,
+            tenant_id,
+            key_id,
+            model,
+            format,
+            input_tokens,
+            cached_tokens,
+            output_tokens,
+            charge,
+            status,
+            http_status,
+            unbilled,
+            input_estimated,
+        } = self;
         let mut o = serde_json::Map::new();
-        o.insert("request_id".into(), self.request_id.clone().into());
-        o.insert("at".into(), self.at.into());
-        o.insert("tenant_id".into(), self.tenant_id.into());
-        o.insert("key_id".into(), self.key_id.clone().into());
-        o.insert("model".into(), self.model.clone().into());
-        o.insert("format".into(), self.format.clone().into());
-        o.insert("input_tokens".into(), self.input_tokens.to_string().into());
-        o.insert(
-            "cached_tokens".into(),
-            self.cached_tokens.to_string().into(),
-        );
-        o.insert(
-            "output_tokens".into(),
-            self.output_tokens.to_string().into(),
-        );
-        o.insert(
-            "charge_picos".into(),
-            self.charge.picos().to_string().into(),
-        );
-        o.insert(
-            "unbilled_picos".into(),
-            self.unbilled.picos().to_string().into(),
-        );
-        o.insert("input_estimated".into(), self.input_estimated.into());
-        o.insert("status".into(), self.status.clone().into());
-        o.insert("http_status".into(), self.http_status.into());
+        o.insert("request_id".into(), request_id.clone().into());
+        o.insert("at".into(), (*at).into());
+        o.insert("tenant_id".into(), (*tenant_id).into());
+        o.insert("key_id".into(), key_id.clone().into());
+        o.insert("model".into(), model.clone().into());
+        o.insert("format".into(), format.clone().into());
+        o.insert("input_tokens".into(), input_tokens.to_string().into());
+        o.insert("cached_tokens".into(), cached_tokens.to_string().into());
+        o.insert("output_tokens".into(), output_tokens.to_string().into());
+        o.insert("charge_picos".into(), charge.picos().to_string().into());
+        o.insert("unbilled_picos".into(), unbilled.picos().to_string().into());
+        o.insert("input_estimated".into(), (*input_estimated).into());
+        o.insert("status".into(), status.clone().into());
+        o.insert("http_status".into(), (*http_status).into());
         o
     }
 

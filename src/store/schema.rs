@@ -25,7 +25,10 @@
 //! database whose `schema_version` is newer than this build knows is refused: an older binary
 //! must not write to a schema it does not understand.
 //!
-//! To change the schema, append a migration to **both** lists with the same number.
+//! To change the schema, append a migration to **both** lists with the same number; never
+//! edit one that has shipped. A column added to `ledger` or `ledger_rejects` also needs its
+//! entry in the column list the stores bind from (see `columns`); the store suite fails until
+//! the list and the migrated table agree.
 
 /// `meta` exists before any migration: it records which migrations ran.
 pub const SQLITE_BOOTSTRAP: &str =

@@ -14,15 +14,22 @@
 //! already dropped from memory. Ledger rows arrive in batches from a background writer, so the
 //! fsync is paid per batch, not per request, and the request path never waits on it.
 //!
+//! **Permissions.** A new database file is created readable and writable by its owner only
+//! (0600), and so are the `-wal` and `-shm` files SQLite makes beside it: they hold every
+//! balance, the ledger and the keys' hashes. An existing file is left as it is.
+//!
 //! Money follows `sql_money`: ledger deltas are INTEGER pico-soles; balances and leases are
 //! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
 //! sums use split halves so they can neither overflow nor become floats.
 
+use super::columns::{names, sqlite_placeholders, LEDGER_COLUMNS, REJECT_COLUMNS};
 use super::rows::{
-    check_idempotency_key, check_row, check_top_up, period_bounds, top_up_entry_id, RawLedgerRow,
+    check_row, conflict_if_unique, limits_from_sql, limits_to_sql, period_bounds, rejected,
+    replayed_top_up, secret_hash, tenant_missing, top_up_entry, DbError, EarlierTopUp,
+    RawLedgerRow, Taken,
 };
 use super::sql_money::{
-    i128_to_u64, i64_to_u64, pen_from_text, pen_to_text, recombine, sqlite_split_sum, u64_to_i64,
+    i128_to_u64, i64_to_u64, pen_from_text, pen_to_text, recombine, sqlite_split_sum,
 };
 use super::{
     now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow, ModelTotals,
@@ -35,7 +42,7 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 /// How long a writer waits for another process's write transaction before giving up.
@@ -74,6 +81,7 @@ impl SqliteStore {
                     })?;
                 }
             }
+            create_private(Path::new(path)).map_err(|e| fail("cannot create the file", &e))?;
         }
         let mut conn = Connection::open(path).map_err(|e| fail("cannot open", &e))?;
         conn.busy_timeout(BUSY_TIMEOUT)
@@ -110,6 +118,25 @@ impl SqliteStore {
     }
 }
 
+/// Creates the database file, empty and readable by its owner only (mode 0600), unless it
+/// exists: it holds every tenant's balance and ledger and the keys' hashes. SQLite opens an
+/// existing empty file as a new database, and gives the `-wal` and `-shm` files it creates
+/// beside it the main file's permissions, so they are 0600 too. An existing file keeps the
+/// permissions it has (an operator may have chosen them).
+fn create_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// `PRAGMA journal_mode = WAL`, waiting out another connection that holds the database.
 ///
 /// `busy_timeout` is not enough here: switching the journal mode needs an exclusive lock on
@@ -137,11 +164,24 @@ fn sql_err(e: rusqlite::Error) -> StoreError {
     StoreError::Backend(format!("sqlite: {e}"))
 }
 
-fn is_unique_violation(e: &rusqlite::Error) -> bool {
-    matches!(
-        e.sqlite_extended_error_code(),
-        Some(rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY)
-    )
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        sql_err(e)
+    }
+}
+
+impl DbError for rusqlite::Error {
+    type Failure = StoreError;
+
+    fn is_unique_violation(&self) -> bool {
+        matches!(
+            self.sqlite_extended_error_code(),
+            Some(
+                rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                    | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            )
+        )
+    }
 }
 
 fn write_tx(conn: &mut Connection) -> StoreResult<Transaction<'_>> {
@@ -194,10 +234,6 @@ fn bump_keys_version(tx: &Transaction<'_>) -> StoreResult<()> {
     )
     .map_err(sql_err)?;
     Ok(())
-}
-
-fn tenant_missing(id: TenantId) -> StoreError {
-    StoreError::NotFound(format!("tenant {id} does not exist"))
 }
 
 /// The tenant's balance, or `NotFound`.
@@ -261,55 +297,14 @@ fn write_lease(
     Ok(())
 }
 
-fn limits_to_sql(l: KeyLimits) -> StoreResult<(Option<i64>, Option<i64>)> {
-    let rpm = l
-        .requests_per_minute
-        .map(|v| u64_to_i64(v, "requests_per_minute"))
-        .transpose()?;
-    let tpm = l
-        .tokens_per_minute
-        .map(|v| u64_to_i64(v, "tokens_per_minute"))
-        .transpose()?;
-    Ok((rpm, tpm))
-}
-
-fn limits_from_sql(rpm: Option<i64>, tpm: Option<i64>) -> StoreResult<KeyLimits> {
-    Ok(KeyLimits {
-        requests_per_minute: rpm.map(|v| i64_to_u64(v, "rpm_limit")).transpose()?,
-        tokens_per_minute: tpm.map(|v| i64_to_u64(v, "tpm_limit")).transpose()?,
-    })
-}
-
-fn hash_from_blob(blob: Vec<u8>) -> StoreResult<[u8; 32]> {
-    <[u8; 32]>::try_from(blob.as_slice()).map_err(|_| {
-        StoreError::Backend(format!(
-            "api_keys.secret_sha256 has {} bytes, expected 32",
-            blob.len()
-        ))
-    })
-}
-
-const LEDGER_ROW_COLUMNS: &str = "entry_id, at, tenant_id, key_id, model, format, input_tokens, \
-     cached_tokens, output_tokens, delta, status, http_status, unbilled, input_estimated";
-
-fn ledger_row_from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawLedgerRow> {
-    Ok(RawLedgerRow {
-        request_id: r.get(0)?,
-        at: r.get(1)?,
-        tenant_id: r.get(2)?,
-        key_id: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-        model: r.get::<_, Option<String>>(4)?.unwrap_or_default(),
-        format: r.get::<_, Option<String>>(5)?.unwrap_or_default(),
-        input_tokens: r.get::<_, Option<i64>>(6)?.unwrap_or(0),
-        cached_tokens: r.get::<_, Option<i64>>(7)?.unwrap_or(0),
-        output_tokens: r.get::<_, Option<i64>>(8)?.unwrap_or(0),
-        delta: r.get(9)?,
-        status: r.get::<_, Option<String>>(10)?.unwrap_or_default(),
-        http_status: r.get::<_, Option<i64>>(11)?.unwrap_or(0),
-        unbilled: r.get(12)?,
-        input_estimated: r.get::<_, i64>(13)? != 0,
-    })
-}
+/// A request row, as `record` inserts it (see `columns`).
+static INSERT_LEDGER_ROW: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO ledger (kind, {}) VALUES ('request', {}) ON CONFLICT (entry_id) DO NOTHING",
+        names(LEDGER_COLUMNS),
+        sqlite_placeholders(LEDGER_COLUMNS)
+    )
+});
 
 #[async_trait]
 impl Store for SqliteStore {
@@ -322,18 +317,11 @@ impl Store for SqliteStore {
         self.run(move |conn| {
             let now = now_ms();
             let tx = write_tx(conn)?;
-            match tx.execute(
+            tx.execute(
                 "INSERT INTO tenants (name, created_at, balance) VALUES (?1, ?2, '0')",
                 params![name, now],
-            ) {
-                Ok(_) => {}
-                Err(e) if is_unique_violation(&e) => {
-                    return Err(StoreError::Conflict(format!(
-                        "a tenant named \"{name}\" already exists"
-                    )))
-                }
-                Err(e) => return Err(sql_err(e)),
-            }
+            )
+            .map_err(conflict_if_unique(Taken::TenantName(&name)))?;
             let id = tx.last_insert_rowid();
             bump_keys_version(&tx)?;
             tx.commit().map_err(sql_err)?;
@@ -432,7 +420,7 @@ impl Store for SqliteStore {
                 .optional()
                 .map_err(sql_err)?
                 .ok_or_else(|| tenant_missing(key.tenant))?;
-            match tx.execute(
+            tx.execute(
                 "INSERT INTO api_keys (id, tenant_id, label, secret_sha256, secret_prefix,
                                        created_at, revoked_at, rpm_limit, tpm_limit)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, ?7, ?8)",
@@ -446,16 +434,8 @@ impl Store for SqliteStore {
                     rpm,
                     tpm
                 ],
-            ) {
-                Ok(_) => {}
-                Err(e) if is_unique_violation(&e) => {
-                    return Err(StoreError::Conflict(format!(
-                        "a key with id {} or with the same secret already exists",
-                        key.id
-                    )))
-                }
-                Err(e) => return Err(sql_err(e)),
-            }
+            )
+            .map_err(conflict_if_unique(Taken::Key(&key.id)))?;
             bump_keys_version(&tx)?;
             tx.commit().map_err(sql_err)?;
             Ok(KeyInfo {
@@ -589,7 +569,7 @@ impl Store for SqliteStore {
             for row in rows {
                 let (hash, key_id, tenant_id, tenant_name, rpm, tpm) = row.map_err(sql_err)?;
                 keys.push(ActiveKey {
-                    secret_hash: hash_from_blob(hash)?,
+                    secret_hash: secret_hash(&hash)?,
                     key_id,
                     tenant_id,
                     tenant_name,
@@ -608,41 +588,29 @@ impl Store for SqliteStore {
         note: &str,
         idempotency_key: Option<&str>,
     ) -> StoreResult<TopUpOutcome> {
-        let delta = check_top_up(amount)?;
-        if let Some(k) = idempotency_key {
-            check_idempotency_key(k)?;
-        }
+        let (delta, id) = top_up_entry(amount, idempotency_key)?;
         let note = note.to_owned();
-        let id = top_up_entry_id(idempotency_key);
         self.run(move |conn| {
             let now = now_ms();
             let tx = write_tx(conn)?;
             let balance = read_balance(&tx, tenant)?;
-            let earlier: Option<(i64, i64, i64, Option<String>)> = tx
+            let earlier = tx
                 .query_row(
                     "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = ?1",
                     params![id],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                    |r| {
+                        Ok(EarlierTopUp {
+                            tenant_id: r.get(0)?,
+                            delta: r.get(1)?,
+                            at: r.get(2)?,
+                            note: r.get(3)?,
+                        })
+                    },
                 )
                 .optional()
                 .map_err(sql_err)?;
-            if let Some((t, d, at, n)) = earlier {
-                if t != tenant || d != delta {
-                    return Err(StoreError::Conflict(format!(
-                        "the idempotency key of top-up {id} was already used for another tenant or amount"
-                    )));
-                }
-                return Ok(TopUpOutcome {
-                    top_up: TopUp {
-                        id,
-                        tenant_id: tenant,
-                        amount,
-                        at,
-                        note: n.unwrap_or_default(),
-                    },
-                    balance,
-                    replayed: true,
-                });
+            if let Some(earlier) = earlier {
+                return replayed_top_up(id, tenant, amount, delta, earlier, balance);
             }
             tx.execute(
                 "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
@@ -681,11 +649,10 @@ impl Store for SqliteStore {
         if rows.is_empty() {
             return Ok(0);
         }
-        let checked = rows
+        let rows = rows
             .iter()
             .map(check_row)
             .collect::<StoreResult<Vec<_>>>()?;
-        let rows = rows.to_vec();
         let replica = replica.to_owned();
         self.run(move |conn| {
             let tx = write_tx(conn)?;
@@ -700,45 +667,21 @@ impl Store for SqliteStore {
             }
             let mut inserted = 0u64;
             {
-                let mut stmt = tx
-                    .prepare_cached(
-                        "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, key_id, model,
-                                             format, input_tokens, cached_tokens, output_tokens,
-                                             status, http_status, unbilled, input_estimated)
-                         VALUES (?1, 'request', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12,
-                                 ?13, ?14)
-                         ON CONFLICT (entry_id) DO NOTHING",
-                    )
-                    .map_err(sql_err)?;
+                let mut stmt = tx.prepare_cached(&INSERT_LEDGER_ROW).map_err(sql_err)?;
                 // A batch holds a write transaction for milliseconds of CPU on a thread that
                 // may share a core with the workers: let requests through (see `threads`).
                 let yields = ledger_yields();
-                for (i, (row, p)) in rows.iter().zip(&checked).enumerate() {
+                for (i, row) in rows.iter().enumerate() {
                     if yields && i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1 {
                         let_requests_run();
                     }
                     let n = stmt
-                        .execute(params![
-                            row.request_id,
-                            row.tenant_id,
-                            row.at,
-                            p.delta,
-                            row.key_id,
-                            row.model,
-                            row.format,
-                            p.input,
-                            p.cached,
-                            p.output,
-                            row.status,
-                            row.http_status,
-                            p.unbilled,
-                            i64::from(row.input_estimated),
-                        ])
+                        .execute(row.sqlite_params().as_slice())
                         .map_err(sql_err)?;
                     if n == 1 {
                         inserted += 1;
                         if let Some(t) = tenants.get_mut(&row.tenant_id) {
-                            t.1 += row.charge;
+                            t.1 += row.charge();
                         }
                     }
                 }
@@ -842,17 +785,16 @@ impl Store for SqliteStore {
     }
 
     async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
-        let (id, tenant, json, reason) = (
-            row.request_id.clone(),
-            row.tenant_id,
-            row.to_json(),
-            reason.to_owned(),
-        );
+        let rejected = rejected(row, reason);
         self.run(move |conn| {
             conn.execute(
-                "INSERT INTO ledger_rejects (request_id, tenant_id, row_json, reason, rejected_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (request_id) DO NOTHING",
-                params![id, tenant, json, reason, now_ms()],
+                &format!(
+                    "INSERT INTO ledger_rejects ({}) VALUES ({})
+                     ON CONFLICT (request_id) DO NOTHING",
+                    names(REJECT_COLUMNS),
+                    sqlite_placeholders(REJECT_COLUMNS)
+                ),
+                rejected.sqlite_params().as_slice(),
             )
             .map_err(sql_err)?;
             Ok(())
@@ -863,21 +805,13 @@ impl Store for SqliteStore {
     async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
         self.run(move |conn| {
             let mut stmt = conn
-                .prepare(
-                    "SELECT request_id, tenant_id, row_json, reason, rejected_at
-                       FROM ledger_rejects ORDER BY rejected_at, request_id",
-                )
+                .prepare(&format!(
+                    "SELECT {} FROM ledger_rejects ORDER BY rejected_at, request_id",
+                    names(REJECT_COLUMNS)
+                ))
                 .map_err(sql_err)?;
             let rows = stmt
-                .query_map([], |r| {
-                    Ok(RejectedRow {
-                        request_id: r.get(0)?,
-                        tenant_id: r.get(1)?,
-                        row_json: r.get(2)?,
-                        reason: r.get(3)?,
-                        rejected_at: r.get(4)?,
-                    })
-                })
+                .query_map([], RejectedRow::from_sqlite)
                 .map_err(sql_err)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(sql_err)
         })
@@ -1016,13 +950,14 @@ impl Store for SqliteStore {
         self.run(move |conn| {
             let mut stmt = conn
                 .prepare(&format!(
-                    "SELECT {LEDGER_ROW_COLUMNS} FROM ledger
+                    "SELECT {} FROM ledger
                       WHERE kind = 'request' AND (?1 IS NULL OR tenant_id = ?1)
-                      ORDER BY at, entry_id"
+                      ORDER BY at, entry_id",
+                    names(LEDGER_COLUMNS)
                 ))
                 .map_err(sql_err)?;
             let rows = stmt
-                .query_map(params![tenant], ledger_row_from_sql)
+                .query_map(params![tenant], RawLedgerRow::from_sqlite)
                 .map_err(sql_err)?;
             let mut out = Vec::new();
             for row in rows {
@@ -1031,5 +966,45 @@ impl Store for SqliteStore {
             Ok(out)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn a_new_database_and_its_wal_files_are_private_to_the_owner() {
+        let dir = std::env::temp_dir().join(format!(
+            "quipu-sqlite-mode-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let file = dir.join("quipu.db");
+        let s = SqliteStore::open(&file.display().to_string())
+            .await
+            .unwrap();
+        // A write, so that SQLite has created the -wal and -shm files.
+        s.create_tenant("acme").await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let path = PathBuf::from(format!("{}{suffix}", file.display()));
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+        drop(s);
+
+        // An existing file keeps the permissions the operator gave it.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let s = SqliteStore::open(&file.display().to_string())
+            .await
+            .unwrap();
+        assert_eq!(s.list_tenants().await.unwrap().len(), 1);
+        assert_eq!(mode(&file), 0o640);
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
