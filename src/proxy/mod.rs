@@ -201,6 +201,16 @@ impl ServeRequest for Gateway {
         let reusable = self.conclude(&mut session, &mut ctx, reply).await;
         self.finish(&mut ctx);
         let cancelled = ctx.ending.outcome == Outcome::ClientDisconnected;
+        if cancelled {
+            // A response cut short must not look complete: on HTTP/2, `finish` would end the
+            // stream with END_STREAM; resetting it (and, on HTTP/1.1, closing the connection
+            // in the middle of the chunked body) tells the client it is not.
+            session.shutdown().await;
+            return Served {
+                next: None,
+                cancelled,
+            };
+        }
         if !reusable {
             return Served {
                 next: None,
