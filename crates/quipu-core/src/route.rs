@@ -8,7 +8,7 @@
 use crate::error::ClientFormat;
 use strum::{EnumCount, IntoStaticStr};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, EnumCount, IntoStaticStr)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, EnumCount, IntoStaticStr, strum::EnumIter)]
 #[strum(serialize_all = "snake_case")]
 pub enum Route {
     #[default]
@@ -133,6 +133,35 @@ mod tests {
         assert_eq!(route(&Method::POST, "/v1/models"), Route::MethodNotAllowed);
         assert_eq!(route(&Method::GET, "/api/hello"), Route::NotFound);
         assert_eq!(route(&Method::GET, "/"), Route::NotFound);
+    }
+
+    /// A request that reaches each route. Exhaustive on purpose: a new route does not compile
+    /// until it has one here, and then this test fails until [`route`] sends it there.
+    fn sample(r: Route) -> Option<(Method, &'static str)> {
+        match r {
+            Route::Chat => Some((Method::POST, "/v1/chat/completions")),
+            Route::Messages => Some((Method::POST, "/v1/messages")),
+            Route::CountTokens => Some((Method::POST, "/v1/messages/count_tokens")),
+            Route::Models => Some((Method::GET, "/v1/models")),
+            Route::Model => Some((Method::GET, "/v1/models/colibri")),
+            Route::Pricing => Some((Method::GET, "/v1/pricing")),
+            Route::Plans => Some((Method::GET, "/v1/plans")),
+            Route::Health => Some((Method::GET, "/health")),
+            Route::NotFound => Some((Method::GET, "/nowhere")),
+            Route::MethodNotAllowed => Some((Method::DELETE, "/v1/models")),
+            // Only before routing.
+            Route::Unrouted => None,
+        }
+    }
+
+    #[test]
+    fn every_route_is_reachable() {
+        use strum::IntoEnumIterator;
+        for r in Route::iter() {
+            if let Some((method, path)) = sample(r) {
+                assert_eq!(route(&method, path), r, "{method} {path}");
+            }
+        }
     }
 
     #[test]
