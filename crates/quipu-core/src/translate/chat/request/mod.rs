@@ -27,6 +27,7 @@ pub use messages::{is_base64, validate_image_url};
 
 use crate::config::Config;
 use crate::error::{write_json_str, ApiError, ErrorKind};
+use crate::translate::upstream_body::{self, Endpoint};
 use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
 use fields::{bool_field, integer_field, max_tokens_field, number_in, str_field};
 use messages::write_messages;
@@ -131,8 +132,7 @@ pub fn chat_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequest,
     };
 
     let mut out = Vec::with_capacity(body.len() + 256);
-    out.extend_from_slice(b"{\"model\":");
-    write_json_str(&mut out, &model.upstream_model);
+    upstream_body::open(&mut out, model);
     out.extend_from_slice(b",\"messages\":");
     let messages_start = out.len();
     let messages = req
@@ -235,16 +235,7 @@ pub fn chat_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequest,
         write_reasoning(raw, model, &mut out)?;
     }
 
-    out.extend_from_slice(b",\"stream\":");
-    out.extend_from_slice(if stream { b"true" } else { b"false" });
-    if stream {
-        out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true");
-        if model.continuous_usage {
-            out.extend_from_slice(b",\"continuous_usage_stats\":true");
-        }
-        out.push(b'}');
-    }
-    out.push(b'}');
+    upstream_body::close(&mut out, model, Endpoint::ChatCompletions { stream }, false);
 
     Ok(UpstreamRequest {
         model: model.id,

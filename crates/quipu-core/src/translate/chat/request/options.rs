@@ -3,7 +3,8 @@
 //! into the model's reasoning switch and `reasoning_effort`.
 
 use crate::config::Model;
-use crate::error::{write_json_str, ApiError, ErrorKind};
+use crate::error::{write_json_str, ApiError};
+use crate::translate::upstream_body;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -159,15 +160,7 @@ pub(super) fn write_reasoning(
         Some(false) => model.thinking_off.as_ref(),
         None => None,
     };
-    if let Some(map) = switch {
-        for (k, v) in map {
-            out.push(b',');
-            write_json_str(out, k);
-            out.push(b':');
-            serde_json::to_writer(&mut *out, v)
-                .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-        }
-    }
+    upstream_body::write_switch(out, switch)?;
     if let Some(e @ ("low" | "medium" | "high")) = effort {
         out.extend_from_slice(b",\"reasoning_effort\":");
         write_json_str(out, e);
