@@ -14,7 +14,9 @@
 //! - [`upstream_error`]: upstream error bodies → client errors.
 //! - [`json_scan`]: an incremental JSON syntax check for streamed tool arguments.
 //! - [`image_url`]: which image URLs may be forwarded to the upstream (SSRF guard).
+//! - [`base64`]: whether inline image data is base64 the upstream decodes.
 
+pub mod base64;
 pub mod chat;
 pub mod image_url;
 pub mod json_scan;

@@ -6,6 +6,7 @@ use super::fields::{str_field, Dot, Index};
 use super::present;
 use crate::config::{Config, Model};
 use crate::error::ApiError;
+use crate::translate::base64::is_base64;
 use crate::translate::image_url::{check_image_url, ImageUrlRejection};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -336,18 +337,4 @@ pub fn validate_image_url(url: &str, config: &Config, param: &str) -> Result<(),
         )),
         Err(e) => Err(ApiError::invalid(param, e.message())),
     }
-}
-
-/// Standard base64 with padding (as data URLs carry it): alphabet, length and padding checked.
-pub fn is_base64(data: &[u8]) -> bool {
-    if data.is_empty() || data.len() % 4 != 0 {
-        return false;
-    }
-    let pad = data.iter().rev().take_while(|&&b| b == b'=').count();
-    if pad > 2 {
-        return false;
-    }
-    data[..data.len() - pad]
-        .iter()
-        .all(|&b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
 }

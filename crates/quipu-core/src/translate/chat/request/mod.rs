@@ -23,7 +23,7 @@ mod messages;
 mod options;
 mod tools;
 
-pub use messages::{is_base64, validate_image_url};
+pub use messages::validate_image_url;
 
 use crate::config::Config;
 use crate::error::{write_json_str, ApiError, ErrorKind};

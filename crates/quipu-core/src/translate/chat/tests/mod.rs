@@ -1,7 +1,7 @@
 //! The chat format's tests, by topic: [`request_fields`] (the top level of a request),
 //! [`request_messages`] (its `messages`). The helpers below are shared.
 
-use super::request::{chat_to_upstream, is_base64};
+use super::request::chat_to_upstream;
 use crate::config::{Config, ImageUrlPolicy, EMBEDDED_DEFAULT};
 use crate::error::{ApiError, ErrorKind};
 use crate::translate::UpstreamRequest;

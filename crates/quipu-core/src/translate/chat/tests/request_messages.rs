@@ -90,13 +90,3 @@ fn tool_round_trip_history() {
     assert_eq!(up["messages"][1]["content"], Value::Null);
     assert_eq!(up["messages"][2]["tool_call_id"], "call_1");
 }
-
-#[test]
-fn base64_check() {
-    assert!(is_base64(b"aGVsbG8="));
-    assert!(is_base64(b"aGVsbG8h"));
-    assert!(!is_base64(b"aGVsbG8"));
-    assert!(!is_base64(b"aGVs bG8="));
-    assert!(!is_base64(b"===="));
-    assert!(!is_base64(b""));
-}

@@ -6,6 +6,7 @@ use super::{block_kind, invalid, parse_object, parse_objects, req_str, sep, Kind
 use crate::config::ImageUrlPolicy;
 use crate::error::{write_json_str, ApiError};
 use crate::protocol::anthropic::{AnthropicBlock, AnthropicSource};
+use crate::translate::base64::is_base64;
 use crate::translate::image_url::{check_image_url, ImageUrlRejection};
 use serde_json::value::RawValue;
 
@@ -63,7 +64,7 @@ impl<'a> Writer<'_, 'a> {
                 })?;
             let data_raw = req_str(src.data, &|| format!("{}.data", sp()))?;
             let data = rawjson::decode(data_raw).unwrap_or_default();
-            if !rawjson::is_base64(&data) {
+            if !is_base64(data.as_bytes()) {
                 return Err(invalid(
                     format!("{}.data", sp()),
                     "is not valid base64 image data",
