@@ -1,8 +1,8 @@
 //! Fixture harness for the messages-format stream translator.
 //!
 //! Replays every recorded upstream chunk sequence in `tests/fixtures/messages/<case>.sse`
-//! through `feed_stream` / `finish_stream` and compares the client bytes with
-//! `<case>.expected`. Each case is replayed whole, split in two at every byte offset (inside
+//! through `feed_stream` / `finish_stream` (`quipu_core::testing::replay`) and compares the
+//! client bytes with `<case>.expected`. Each case is replayed whole, split in two at every byte offset (inside
 //! multi-byte UTF-8 characters and CRLF pairs included), split in three at a spread of
 //! offset pairs, and fed one byte at a time; every run is labelled (`tool_use/split@17`) and
 //! must give byte-identical output, usage and end state. Every output must also pass
@@ -17,11 +17,10 @@
     reason = "a test harness: any failure is the test failing"
 )]
 
-use quipu::sse::SseDecoder;
 use quipu::translate::messages::prompt::shorten_tool_name;
 use quipu::translate::messages::{validate_event_sequence, MessagesStream};
-use quipu::translate::{feed_stream, finish_stream, ResponseContext, StreamEnd, StreamTranslator};
-use quipu::usage::Usage;
+use quipu::translate::ResponseContext;
+use quipu_core::testing::{replay, Replay};
 use std::path::{Path, PathBuf};
 
 const LONG_TOOL: &str = "mcp__claude_ai_project_tracker__create_issue_with_labels_and_assignees";
@@ -36,26 +35,8 @@ fn ctx() -> ResponseContext {
     }
 }
 
-#[derive(Debug, PartialEq)]
-struct Run {
-    out: Vec<u8>,
-    usage: Usage,
-    end: StreamEnd,
-}
-
-fn run(chunks: &[&[u8]]) -> Run {
-    let mut t = MessagesStream::new(ctx());
-    let mut d = SseDecoder::default();
-    let mut out = Vec::new();
-    for c in chunks {
-        feed_stream(&mut d, &mut t, c, &mut out);
-    }
-    finish_stream(&mut d, &mut t, &mut out);
-    Run {
-        out,
-        usage: t.usage(),
-        end: t.end(),
-    }
+fn run(chunks: &[&[u8]]) -> Replay {
+    replay(&mut MessagesStream::new(ctx()), chunks)
 }
 
 fn fixture_dir() -> PathBuf {
@@ -77,7 +58,7 @@ fn cases() -> Vec<(String, Vec<u8>)> {
     cases
 }
 
-fn assert_same(label: &str, got: &Run, want: &Run) {
+fn assert_same(label: &str, got: &Replay, want: &Replay) {
     if got == want {
         return;
     }

@@ -8,6 +8,8 @@
 //! - [`h1`]: HTTP/1.1 response framing for the upstream client (head, chunked bodies).
 //! - [`protocol`]: serde wire types.
 //! - [`translate`]: the pure translators between the client formats and the upstream.
+//! - `testing` (tests and the `test-util` feature only): replaying upstream bytes through a
+//!   stream translator.
 //!
 //! A separate crate so that fuzzing, benchmarking and testing the translators does not build
 //! the proxy (pingora) at all.
@@ -23,5 +25,7 @@ pub mod h1;
 pub mod money;
 pub mod protocol;
 pub mod sse;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod translate;
 pub mod usage;

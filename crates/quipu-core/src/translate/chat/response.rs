@@ -491,8 +491,7 @@ impl StreamTranslator for ChatStream {
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
-    use crate::sse::SseDecoder;
-    use crate::translate::{feed_stream, finish_stream};
+    use crate::testing::replay;
     use serde_json::{json, Value};
 
     fn ctx() -> ResponseContext {
@@ -520,13 +519,7 @@ mod tests {
         field: ReasoningField,
     ) -> (Vec<Value>, bool, ChatStream) {
         let mut t = ChatStream::new(ctx(), wants_usage, field);
-        let mut d = SseDecoder::default();
-        let mut out = Vec::new();
-        for c in chunks {
-            feed_stream(&mut d, &mut t, c, &mut out);
-        }
-        finish_stream(&mut d, &mut t, &mut out);
-        let text = String::from_utf8(out).unwrap();
+        let text = String::from_utf8(replay(&mut t, chunks).out).unwrap();
         let mut frames = Vec::new();
         let mut done = false;
         for f in text.split("\n\n").filter(|f| !f.is_empty()) {
@@ -642,10 +635,7 @@ mod tests {
                 "data: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n"
             );
             let mut t = ChatStream::new(ctx(), false, field);
-            let mut d = SseDecoder::default();
-            let mut out = Vec::new();
-            feed_stream(&mut d, &mut t, s.as_bytes(), &mut out);
-            let text = String::from_utf8(out).unwrap();
+            let text = String::from_utf8(replay(&mut t, &[s.as_bytes()]).out).unwrap();
             let frame = text
                 .split("\n\n")
                 .next()
@@ -745,10 +735,7 @@ mod tests {
         // Found by the chat_stream fuzz target once it spread chunks over several data lines.
         let s = "data: {\"model\": \"m\",\r\ndata:  \"choices\": [{\"index\": 0, \"delta\": {\"content\": \"a\\nb\"},\r\ndata: \"finish_reason\": \"stop\"}]}\r\n\r\ndata: [DONE]\r\n\r\n";
         let mut t = ChatStream::new(ctx(), false, ReasoningField::Both);
-        let mut d = SseDecoder::default();
-        let mut out = Vec::new();
-        feed_stream(&mut d, &mut t, s.as_bytes(), &mut out);
-        let text = String::from_utf8(out).unwrap();
+        let text = String::from_utf8(replay(&mut t, &[s.as_bytes()]).out).unwrap();
         let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
         assert_eq!(frames.len(), 2, "{text:?}");
         let v: Value = serde_json::from_str(frames[0].strip_prefix("data: ").unwrap()).unwrap();

@@ -13,6 +13,7 @@ use super::*;
 use crate::config::{Config, ImageUrlPolicy};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::sse::SseDecoder;
+use crate::testing::{replay, Replay};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{
     feed_stream, finish_stream, malformed_stream, ResponseContext, StreamEnd, StreamTranslator,
@@ -98,30 +99,12 @@ fn completion(message: Value, finish: &str, usage: Value) -> Value {
         "usage": usage})
 }
 
-struct Streamed {
-    out: Vec<u8>,
-    usage: Usage,
-    end: StreamEnd,
-    error: Option<ApiError>,
+/// The upstream bytes, cut into these reads, through a fresh messages stream translator.
+fn stream_chunks(chunks: &[&[u8]]) -> Replay {
+    replay(&mut MessagesStream::new(ctx()), chunks)
 }
 
-fn stream_chunks(chunks: &[&[u8]]) -> Streamed {
-    let mut t = MessagesStream::new(ctx());
-    let mut d = SseDecoder::default();
-    let mut out = Vec::new();
-    for c in chunks {
-        feed_stream(&mut d, &mut t, c, &mut out);
-    }
-    finish_stream(&mut d, &mut t, &mut out);
-    Streamed {
-        out,
-        usage: t.usage(),
-        end: t.end(),
-        error: t.error().cloned(),
-    }
-}
-
-fn stream(input: &str) -> Streamed {
+fn stream(input: &str) -> Replay {
     stream_chunks(&[input.as_bytes()])
 }
 
