@@ -68,7 +68,7 @@ pub fn request(r: &Request<'_>) -> Result<Vec<u8>, String> {
     w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     w.extend_from_slice(r.authority.as_bytes());
     w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-    crate::ascii::push_u64(&mut w, r.body.len() as u64);
+    w.extend_from_slice(itoa::Buffer::new().format(r.body.len()).as_bytes());
     w.extend_from_slice(b"\r\nx-request-id: ");
     w.extend_from_slice(r.request_id.as_bytes());
     if let Some(key) = r.api_key {

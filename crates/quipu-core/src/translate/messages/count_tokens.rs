@@ -14,7 +14,6 @@
 use super::prompt::{write_prompt, PromptIn};
 use super::request::{parse_request, resolve_model, write_thinking};
 use super::response::malformed_response;
-use crate::ascii::push_u64;
 use crate::config::{Config, ModelId};
 use crate::error::ApiError;
 use crate::translate::json_failure;
@@ -59,7 +58,7 @@ pub fn tokenize_to_count_tokens(upstream_body: &[u8]) -> Result<Vec<u8>, ApiErro
         .map_err(|e| malformed_response(&json_failure("the tokenize answer", &e)))?;
     let mut out = Vec::with_capacity(32);
     out.extend_from_slice(b"{\"input_tokens\":");
-    push_u64(&mut out, t.count);
+    out.extend_from_slice(itoa::Buffer::new().format(t.count).as_bytes());
     out.push(b'}');
     Ok(out)
 }
