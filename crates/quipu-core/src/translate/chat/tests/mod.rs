@@ -1,6 +1,8 @@
 //! The chat format's tests, by topic: [`request_fields`] (the top level of a request),
 //! [`request_messages`] (its `messages`), [`response`] (non-streaming answers), [`stream`]
-//! (streams). The helpers below are shared.
+//! (streams). The helpers below are shared. The recorded upstream streams of
+//! `tests/fixtures/streams/` are replayed through the chat translator, split at every offset,
+//! by `tests/conformance.rs` (formats `chat` and `chat-usage`).
 
 use super::request::chat_to_upstream;
 use super::response::{upstream_to_chat, ChatStream};

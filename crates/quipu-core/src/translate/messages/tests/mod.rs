@@ -1,7 +1,7 @@
 //! The conformance checklist of reference §6, one named test per applicable item (`cNN_…`),
 //! then the request rules of DESIGN.md and robustness properties. Stream cases replay the
-//! recorded fixtures of `tests/fixtures/messages/` (the split-at-every-offset harness is
-//! `tests/messages_conformance.rs`).
+//! recorded upstream streams of `tests/fixtures/streams/` (the harness that replays each one
+//! split at every offset, in both client formats, is `tests/conformance.rs`).
 //!
 //! Not applicable to pure translation code (the proxy's job): 15 (auth headers), 17 (413 on
 //! body size), 55 (client disconnect), 56 (retry headers), 58 (`/v1/models`), 60 (Claude
@@ -141,7 +141,7 @@ macro_rules! fixture {
     ($name:literal) => {
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/messages/",
+            "/../../tests/fixtures/streams/",
             $name,
             ".sse"
         ))
