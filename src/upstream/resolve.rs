@@ -66,18 +66,19 @@ pub fn resolve_upstreams_with(
 mod tests {
     use super::*;
 
-    const TWO_REPLICAS: &str = r#"
-[[models]]
-slug = "colibri"
-display_name = "Colibrí"
-upstream_model = "qwen"
-upstreams = ["http://vllm-a.invalid:8000", "http://10.0.0.9:8001"]
-prices = { input = "0.20", cached = "0.05", output = "0.80" }
-"#;
+    /// The shipped configuration, its first model served by a named and an IP replica.
+    fn two_replicas() -> Config {
+        let text = crate::config::EMBEDDED_DEFAULT.replacen(
+            "\"http://127.0.0.1:8000/v1\"",
+            "\"http://vllm-a.invalid:8000\", \"http://10.0.0.9:8001\"",
+            1,
+        );
+        Config::parse(&text, "t").unwrap()
+    }
 
     #[test]
     fn names_resolve_at_start_and_literals_are_left_alone() {
-        let c = Config::parse(TWO_REPLICAS, "t").unwrap();
+        let c = two_replicas();
         assert!(!c.models[0].replicas[0].is_resolved());
         let asked = std::cell::RefCell::new(Vec::new());
         let resolved = resolve_upstreams_with(c.clone(), &|h, p| {
@@ -97,7 +98,7 @@ prices = { input = "0.20", cached = "0.05", output = "0.80" }
 
     #[test]
     fn failures_name_the_key_and_one_server_twice_is_refused() {
-        let c = Config::parse(TWO_REPLICAS, "t").unwrap();
+        let c = two_replicas();
         let e = resolve_upstreams_with(c.clone(), &|_, _| Err(std::io::Error::other("NXDOMAIN")))
             .unwrap_err();
         assert!(e.0[0].contains("models[0].upstreams[0]") && e.0[0].contains("NXDOMAIN"));

@@ -2,12 +2,11 @@
 //! blocks into `tool_calls` (inputs compacted into the `arguments` string); a final one with
 //! text is a prefill.
 
-use super::rawjson::{self, is_array, is_object, is_string};
+use super::rawjson::{self, is_object, is_string};
 use super::{
-    block_kind, invalid, parse_objects, req_name, req_str, sep, write_joined, Kind, Writer,
+    block_kind, invalid, req_name, req_str, sep, string_or_blocks, write_joined, Kind, Writer,
 };
 use crate::error::{write_json_str, ApiError};
-use crate::protocol::anthropic::AnthropicBlock;
 use serde_json::value::RawValue;
 
 impl<'a> Writer<'_, 'a> {
@@ -18,24 +17,15 @@ impl<'a> Writer<'_, 'a> {
         is_last: bool,
         out: &mut Vec<u8>,
     ) -> Result<(), ApiError> {
-        let cp = || format!("messages[{i}].content");
-        if is_string(content) {
-            sep(out);
-            out.extend_from_slice(b"{\"role\":\"assistant\",\"content\":");
-            out.extend_from_slice(content.get().as_bytes());
-            out.push(b'}');
+        let Some(blocks) = string_or_blocks(out, "assistant", content, i)? else {
             self.prefill = is_last && !rawjson::str_is_empty(content);
             return Ok(());
-        }
-        if !is_array(content) {
-            return Err(invalid(
-                cp(),
-                "must be a string or an array of content blocks",
-            ));
-        }
-        let blocks: Vec<AnthropicBlock<'a>> = parse_objects(content, &cp, "content blocks")?;
+        };
         if blocks.is_empty() && !is_last {
-            return Err(invalid(cp(), "must contain at least one content block"));
+            return Err(invalid(
+                format!("messages[{i}].content"),
+                "must contain at least one content block",
+            ));
         }
         let mut kinds = Vec::with_capacity(blocks.len());
         let mut texts = Vec::new();

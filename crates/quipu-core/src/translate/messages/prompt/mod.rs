@@ -312,6 +312,39 @@ fn sep(out: &mut Vec<u8>) {
     }
 }
 
+/// Writes `{"role":"<role>","content":<content>}` as the next element: a message whose content
+/// is a string literal, copied as the client wrote it.
+fn write_string_message(out: &mut Vec<u8>, role: &str, content: &RawValue) {
+    sep(out);
+    out.extend_from_slice(b"{\"role\":\"");
+    out.extend_from_slice(role.as_bytes());
+    out.extend_from_slice(b"\",\"content\":");
+    out.extend_from_slice(content.get().as_bytes());
+    out.push(b'}');
+}
+
+/// A user or assistant message's `content`: a string is written at once as the whole message
+/// (`None`); otherwise it must be an array of content blocks, returned parsed.
+fn string_or_blocks<'a>(
+    out: &mut Vec<u8>,
+    role: &str,
+    content: &'a RawValue,
+    i: usize,
+) -> Result<Option<Vec<AnthropicBlock<'a>>>, ApiError> {
+    if is_string(content) {
+        write_string_message(out, role, content);
+        return Ok(None);
+    }
+    let cp = || format!("messages[{i}].content");
+    if !is_array(content) {
+        return Err(invalid(
+            cp(),
+            "must be a string or an array of content blocks",
+        ));
+    }
+    parse_objects(content, &cp, "content blocks").map(Some)
+}
+
 /// Writes the escaped contents of the given string literals joined by `joiner` (already
 /// escaped), skipping empty ones; `open` is written before the first. Returns whether anything
 /// was written.
@@ -346,10 +379,7 @@ fn write_system(
 ) -> Result<(), ApiError> {
     if is_string(raw) {
         if !rawjson::str_is_empty(raw) {
-            sep(out);
-            out.extend_from_slice(b"{\"role\":\"system\",\"content\":");
-            out.extend_from_slice(raw.get().as_bytes());
-            out.push(b'}');
+            write_string_message(out, "system", raw);
         }
         return Ok(());
     }

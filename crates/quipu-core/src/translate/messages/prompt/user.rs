@@ -2,7 +2,9 @@
 //! `user` message after them), then the remaining text, image and document blocks in order.
 
 use super::rawjson::{self, is_array, is_string};
-use super::{block_kind, invalid, parse_object, parse_objects, req_str, sep, Kind, Writer};
+use super::{
+    block_kind, invalid, parse_object, parse_objects, req_str, sep, string_or_blocks, Kind, Writer,
+};
 use crate::config::ImageUrlPolicy;
 use crate::error::{write_json_str, ApiError};
 use crate::protocol::anthropic::{AnthropicBlock, AnthropicSource};
@@ -133,23 +135,14 @@ impl<'a> Writer<'_, 'a> {
         i: usize,
         out: &mut Vec<u8>,
     ) -> Result<(), ApiError> {
-        let cp = || format!("messages[{i}].content");
-        if is_string(content) {
-            sep(out);
-            out.extend_from_slice(b"{\"role\":\"user\",\"content\":");
-            out.extend_from_slice(content.get().as_bytes());
-            out.push(b'}');
+        let Some(blocks) = string_or_blocks(out, "user", content, i)? else {
             return Ok(());
-        }
-        if !is_array(content) {
-            return Err(invalid(
-                cp(),
-                "must be a string or an array of content blocks",
-            ));
-        }
-        let blocks: Vec<AnthropicBlock<'a>> = parse_objects(content, &cp, "content blocks")?;
+        };
         if blocks.is_empty() {
-            return Err(invalid(cp(), "must contain at least one content block"));
+            return Err(invalid(
+                format!("messages[{i}].content"),
+                "must contain at least one content block",
+            ));
         }
         let mut kinds = Vec::with_capacity(blocks.len());
         for (j, b) in blocks.iter().enumerate() {
