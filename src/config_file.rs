@@ -51,21 +51,15 @@ mod tests {
         let Some(path) = process_env("PATH") else {
             return;
         };
-        let text = r#"
-[store]
-url = "env:PATH"
-
-[[models]]
-slug = "colibri"
-display_name = "Colibrí"
-upstream_model = "qwen"
-upstreams = ["http://127.0.0.1:8000"]
-prices = { input = "0.20", cached = "0.05", output = "0.80" }
-"#;
-        let e = parse(text, "t").unwrap_err();
+        let text = crate::config::EMBEDDED_DEFAULT.replacen(
+            "url = \"sqlite://data/quipu.db\"",
+            "url = \"env:PATH\"",
+            1,
+        );
+        let e = parse(&text, "t").unwrap_err();
         // PATH is no store URL: the message shows the value that was read.
         assert!(e.0[0].contains(&format!("got \"{path}\"")), "{e}");
-        let e = Config::parse(text, "t").unwrap_err();
+        let e = Config::parse(&text, "t").unwrap_err();
         assert!(
             e.0[0].contains("environment variable PATH is not set"),
             "{e}"

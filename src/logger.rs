@@ -32,7 +32,6 @@
 //! `info`; `QUIPU_LOG=info,quipu::access=off` turns it off. No secret is ever logged: keys
 //! appear only by their public id.
 
-use crate::ascii::push_u64;
 use log::{LevelFilter, Log, Metadata, Record};
 use std::cell::RefCell;
 use std::io::{BufWriter, Write};
@@ -267,7 +266,8 @@ impl Fields<'_> {
 
     pub fn num(&mut self, key: &str, value: u64) -> &mut Self {
         self.key(key);
-        push_u64(self.0, value);
+        self.0
+            .extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
         self
     }
 
@@ -277,7 +277,8 @@ impl Fields<'_> {
         match value {
             Some(d) => {
                 let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-                push_u64(self.0, us / 1000);
+                self.0
+                    .extend_from_slice(itoa::Buffer::new().format(us / 1000).as_bytes());
                 let frac = us % 1000;
                 self.0.extend_from_slice(&[
                     b'.',

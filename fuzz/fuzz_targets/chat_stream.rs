@@ -17,11 +17,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use quipu_core::config::ReasoningField;
-use quipu_core::sse::SseDecoder;
+use quipu_core::testing::replay;
 use quipu_core::translate::chat::{upstream_to_chat, ChatStream};
-use quipu_core::translate::{
-    feed_stream, finish_stream, ResponseContext, StreamEnd, StreamTranslator,
-};
+use quipu_core::translate::{ResponseContext, StreamEnd};
 use quipu_core::usage::Usage;
 use quipu_fuzz::{parse_strict, pieces, raw_input, splits, sse_data, upstream_stream, Cursor};
 use serde_json::value::RawValue;
@@ -41,14 +39,8 @@ fn ctx() -> ResponseContext {
 }
 
 fn run(parts: &[&[u8]], wants_usage: bool, field: ReasoningField) -> (Vec<u8>, Usage, StreamEnd) {
-    let mut t = ChatStream::new(ctx(), wants_usage, field);
-    let mut d = SseDecoder::default();
-    let mut out = Vec::new();
-    for p in parts {
-        feed_stream(&mut d, &mut t, p, &mut out);
-    }
-    finish_stream(&mut d, &mut t, &mut out);
-    (out, t.usage(), t.end())
+    let r = replay(&mut ChatStream::new(ctx(), wants_usage, field), parts);
+    (r.out, r.usage, r.end)
 }
 
 /// What an OpenAI client rebuilds from the deltas: one message, the finish reason, the usage.

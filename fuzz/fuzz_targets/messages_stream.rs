@@ -17,15 +17,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use quipu_core::error::ApiError;
-use quipu_core::sse::SseDecoder;
+use quipu_core::testing::{replay, Replay};
 use quipu_core::translate::messages::{
     accumulate_message, upstream_to_message, validate_event_sequence, MessagesStream,
 };
-use quipu_core::translate::{
-    feed_stream, finish_stream, ResponseContext, StreamEnd, StreamTranslator,
-};
-use quipu_core::usage::Usage;
+use quipu_core::translate::{ResponseContext, StreamEnd};
 use quipu_fuzz::{pieces, raw_input, splits, upstream_stream, Cursor};
 use serde_json::Value;
 
@@ -41,32 +37,12 @@ fn ctx() -> ResponseContext {
     }
 }
 
-#[derive(Debug, PartialEq)]
-struct Run {
-    out: Vec<u8>,
-    end: StreamEnd,
-    usage: Usage,
-    error: Option<ApiError>,
-}
-
-fn run(parts: &[&[u8]]) -> Run {
-    let mut t = MessagesStream::new(ctx());
-    let mut d = SseDecoder::default();
-    let mut out = Vec::new();
-    for p in parts {
-        feed_stream(&mut d, &mut t, p, &mut out);
-    }
-    finish_stream(&mut d, &mut t, &mut out);
-    Run {
-        out,
-        end: t.end(),
-        usage: t.usage(),
-        error: t.error().cloned(),
-    }
+fn run(parts: &[&[u8]]) -> Replay {
+    replay(&mut MessagesStream::new(ctx()), parts)
 }
 
 /// Runs `sse` whole and cut at `points`, checks what holds for every input, returns the run.
-fn run_and_check(sse: &[u8], points: &[usize]) -> Run {
+fn run_and_check(sse: &[u8], points: &[usize]) -> Replay {
     let whole = run(&[sse]);
     let split = run(&pieces(sse, points));
     assert_eq!(whole, split, "splits at {points:?} changed the output");

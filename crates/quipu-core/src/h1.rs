@@ -83,7 +83,7 @@ pub fn request(r: &Request<'_>) -> Result<Vec<u8>, String> {
         Method::Get => {}
         Method::Post => {
             w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-            crate::ascii::push_u64(&mut w, r.body.len() as u64);
+            w.extend_from_slice(itoa::Buffer::new().format(r.body.len()).as_bytes());
         }
     }
     w.extend_from_slice(b"\r\nx-request-id: ");

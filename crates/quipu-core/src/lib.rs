@@ -11,6 +11,8 @@
 //! - [`route`]: the table of endpoints (method and path → route).
 //! - [`translate`]: the pure translators between the client formats and the upstream.
 //! - [`upstream_profile`]: what differs between vLLM, SGLang and llama.cpp, one module each.
+//! - `testing` (tests and the `test-util` feature only): replaying upstream bytes through a
+//!   stream translator.
 //!
 //! A separate crate so that fuzzing, benchmarking and testing the translators does not build
 //! the proxy (pingora) at all.
@@ -28,6 +30,8 @@ pub mod money;
 pub mod protocol;
 pub mod route;
 pub mod sse;
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 pub mod translate;
 pub mod upstream_profile;
 pub mod usage;

@@ -9,15 +9,20 @@
 //!   upstream responses and streams → chat format (slug splice, usage-chunk filtering).
 //! - [`messages`]: messages-format requests → upstream; upstream responses and streams →
 //!   messages format (content blocks, event sequence, usage semantics).
+//! - [`upstream_body`]: what every upstream request body says alike (model, reasoning switch,
+//!   prefill, stream options).
 //! - [`upstream_error`]: upstream error bodies → client errors.
 //! - [`json_scan`]: an incremental JSON syntax check for streamed tool arguments.
 //! - [`image_url`]: which image URLs may be forwarded to the upstream (SSRF guard).
+//! - [`base64`]: whether inline image data is base64 the upstream decodes.
 
+pub mod base64;
 pub mod chat;
 pub mod image_url;
 pub mod json_scan;
 pub mod messages;
 pub mod splice;
+pub mod upstream_body;
 pub mod upstream_error;
 
 use crate::billing::PromptSize;

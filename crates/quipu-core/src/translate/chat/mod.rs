@@ -6,5 +6,8 @@
 pub mod request;
 pub mod response;
 
+#[cfg(test)]
+mod tests;
+
 pub use request::chat_to_upstream;
 pub use response::{upstream_to_chat, ChatStream};

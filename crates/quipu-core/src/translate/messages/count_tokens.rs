@@ -12,12 +12,12 @@
 //! `{"input_tokens":N}`.
 
 use super::prompt::{write_prompt, PromptIn};
-use super::request::{parse_request, resolve_model, write_prefill, write_thinking};
+use super::request::{parse_request, resolve_model, write_thinking};
 use super::response::malformed_response;
-use crate::ascii::push_u64;
 use crate::config::{Config, ModelId};
-use crate::error::{write_json_str, ApiError};
+use crate::error::ApiError;
 use crate::translate::json_failure;
+use crate::translate::upstream_body::{self, Endpoint};
 use serde::Deserialize;
 
 /// Validates a count-tokens request; returns the model and the upstream `/tokenize` body.
@@ -28,8 +28,7 @@ pub fn count_tokens_to_upstream(
     let req = parse_request(body)?;
     let (model_name, model) = resolve_model(&req, config)?;
     let mut out = Vec::with_capacity(body.len() + 128);
-    out.extend_from_slice(b"{\"model\":");
-    write_json_str(&mut out, &model.upstream_model);
+    upstream_body::open(&mut out, model);
     out.push(b',');
     let prompt = write_prompt(
         PromptIn {
@@ -45,12 +44,7 @@ pub fn count_tokens_to_upstream(
     if let Some(raw) = req.thinking {
         write_thinking(raw, model, &mut out)?;
     }
-    if prompt.prefill && model.prefill {
-        write_prefill(true, model, &mut out);
-        out.push(b'}');
-    } else {
-        out.extend_from_slice(b",\"add_generation_prompt\":true}");
-    }
+    upstream_body::close(&mut out, model, Endpoint::Tokenize, prompt.prefill);
     Ok((model.id, out))
 }
 
@@ -64,7 +58,7 @@ pub fn tokenize_to_count_tokens(upstream_body: &[u8]) -> Result<Vec<u8>, ApiErro
         .map_err(|e| malformed_response(&json_failure("the tokenize answer", &e)))?;
     let mut out = Vec::with_capacity(32);
     out.extend_from_slice(b"{\"input_tokens\":");
-    push_u64(&mut out, t.count);
+    out.extend_from_slice(itoa::Buffer::new().format(t.count).as_bytes());
     out.push(b'}');
     Ok(out)
 }

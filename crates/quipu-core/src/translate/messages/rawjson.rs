@@ -1,5 +1,5 @@
 //! Small helpers over raw JSON text: reading string literals without decoding them, joining
-//! them, compacting a value into a JSON string, bounding nesting depth, checking base64.
+//! them, compacting a value into a JSON string, bounding nesting depth.
 //!
 //! Everything here works on text that serde_json has already validated (a `&RawValue`), so a
 //! raw value that starts with `"` is a complete, well-formed string literal. Joining escaped
@@ -182,38 +182,6 @@ pub fn depth_ok(raw: &str) -> bool {
     true
 }
 
-const B64: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut c = b'A';
-    while c <= b'Z' {
-        t[c as usize] = true;
-        t[(c + 32) as usize] = true;
-        c += 1;
-    }
-    let mut d = b'0';
-    while d <= b'9' {
-        t[d as usize] = true;
-        d += 1;
-    }
-    t[b'+' as usize] = true;
-    t[b'/' as usize] = true;
-    t
-};
-
-/// Whether `s` is standard padded base64 (RFC 4648 §4), what the upstreams' decoders accept.
-/// Empty data is not an image, so it is rejected too.
-pub fn is_base64(s: &str) -> bool {
-    let b = s.as_bytes();
-    if b.is_empty() || b.len() % 4 != 0 {
-        return false;
-    }
-    let body = b
-        .strip_suffix(b"==")
-        .or_else(|| b.strip_suffix(b"="))
-        .unwrap_or(b);
-    body.iter().all(|&c| B64[c as usize])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,27 +233,5 @@ mod tests {
         assert!(str_starts_with(raw(r#""\u0078-anth: 1""#), "x-anth:"));
         assert!(!str_starts_with(raw(r#""x-an""#), "x-anth:"));
         assert_eq!(inner(raw(r#""a\"b""#)), r#"a\"b"#);
-    }
-
-    #[test]
-    fn base64() {
-        for ok in ["aGVsbG8=", "aGk=", "aGVs", "+/9A", "YQ=="] {
-            assert!(is_base64(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "a",
-            "aGk",
-            "aGVsbG8==",
-            "aGV sbG8=",
-            "aGVs\n",
-            "aGVs*",
-            "=",
-            "a===",
-            "ab=c",
-            "====",
-        ] {
-            assert!(!is_base64(bad), "{bad}");
-        }
     }
 }

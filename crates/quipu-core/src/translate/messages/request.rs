@@ -25,6 +25,7 @@ use crate::protocol::anthropic::{
     AnthropicMessage, AnthropicMetadata, AnthropicRequest, AnthropicRequestTyped,
     AnthropicThinking, AnthropicTool, AnthropicToolChoice,
 };
+use crate::translate::upstream_body::{self, Endpoint};
 use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -48,8 +49,7 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
     };
 
     let mut out = Vec::with_capacity(body.len() + 256);
-    out.extend_from_slice(b"{\"model\":");
-    write_json_str(&mut out, &model.upstream_model);
+    upstream_body::open(&mut out, model);
     out.push(b',');
     let prompt = write_prompt(
         PromptIn {
@@ -109,17 +109,12 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
     if let Some(raw) = req.thinking {
         write_thinking(raw, model, &mut out)?;
     }
-    write_prefill(prompt.prefill, model, &mut out);
-    out.extend_from_slice(b",\"stream\":");
-    out.extend_from_slice(if stream { b"true" } else { b"false" });
-    if stream {
-        out.extend_from_slice(b",\"stream_options\":{\"include_usage\":true");
-        if model.continuous_usage {
-            out.extend_from_slice(b",\"continuous_usage_stats\":true");
-        }
-        out.push(b'}');
-    }
-    out.push(b'}');
+    upstream_body::close(
+        &mut out,
+        model,
+        Endpoint::ChatCompletions { stream },
+        prompt.prefill,
+    );
 
     Ok(UpstreamRequest {
         model: model.id,
@@ -378,13 +373,6 @@ fn write_tool_choice(
     Ok(())
 }
 
-/// A prefill on a model with the `prefill` switch: continue the final assistant message.
-pub(super) fn write_prefill(prefill: bool, model: &Model, out: &mut Vec<u8>) {
-    if prefill && model.prefill {
-        out.extend_from_slice(b",\"continue_final_message\":true,\"add_generation_prompt\":false");
-    }
-}
-
 /// `thinking`: `enabled` merges the model's `thinking_on` keys into the body, `disabled` its
 /// `thinking_off` keys; other types (`adaptive`, future ones) change nothing.
 pub(super) fn write_thinking(
@@ -416,12 +404,5 @@ pub(super) fn write_thinking(
     } else {
         None
     };
-    for (k, v) in switch.into_iter().flatten() {
-        out.push(b',');
-        write_json_str(out, k);
-        out.push(b':');
-        serde_json::to_writer(&mut *out, v)
-            .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-    }
-    Ok(())
+    upstream_body::write_switch(out, switch)
 }

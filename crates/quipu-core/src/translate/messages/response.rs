@@ -15,7 +15,6 @@
 //! malformed-arguments error. No call is silently given `{}` for arguments it did have.
 
 use super::rawjson::is_object;
-use crate::ascii::push_u64;
 use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
 use crate::translate::json_scan::{ObjectScanner, Scan};
@@ -159,12 +158,13 @@ pub fn malformed_response(detail: &str) -> ApiError {
 
 /// `{"input_tokens":…,"cache_creation_input_tokens":0,"cache_read_input_tokens":…,"output_tokens":…}`.
 pub fn write_usage(out: &mut Vec<u8>, u: &Usage) {
+    let mut n = itoa::Buffer::new();
     out.extend_from_slice(b"{\"input_tokens\":");
-    push_u64(out, u.uncached_input());
+    out.extend_from_slice(n.format(u.uncached_input()).as_bytes());
     out.extend_from_slice(b",\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":");
-    push_u64(out, u.cached());
+    out.extend_from_slice(n.format(u.cached()).as_bytes());
     out.extend_from_slice(b",\"output_tokens\":");
-    push_u64(out, u.completion_tokens);
+    out.extend_from_slice(n.format(u.completion_tokens).as_bytes());
     out.push(b'}');
 }
 

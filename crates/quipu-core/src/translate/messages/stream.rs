@@ -52,7 +52,6 @@ use super::response::{
     client_tool_name, incomplete_tool_arguments, json_inner, malformed_tool_arguments,
     minted_tool_id, stop_reason, upstream_error, write_usage, StopReason,
 };
-use crate::ascii::push_u64;
 use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
 use crate::translate::json_scan::{ObjectScanner, Scan};
@@ -148,7 +147,7 @@ fn frame_close(out: &mut Vec<u8>) {
 #[inline]
 fn write_index(out: &mut Vec<u8>, index: u32) {
     out.extend_from_slice(b",\"index\":");
-    push_u64(out, u64::from(index));
+    out.extend_from_slice(itoa::Buffer::new().format(index).as_bytes());
 }
 
 impl MessagesStream {
