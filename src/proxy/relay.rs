@@ -160,8 +160,11 @@ async fn send<'g>(
             Err(e) => {
                 // A certificate that does not verify is the operator's to fix, not a passing
                 // fault: say so plainly.
+                let tls = guard.replica().tls;
                 let hint = match e {
                     UpstreamError::Tls(_) => " (check the model's upstream_tls: CA bundle, server name, client certificate)",
+                    // TLS 1.3 reports a refused client certificate after the handshake.
+                    UpstreamError::Reset(_) if tls => " (an https:// replica that closes at once may require a client certificate: upstream_tls.client_cert)",
                     _ => "",
                 };
                 log::warn!(

@@ -174,7 +174,13 @@ async fn check(
                 Err(format!("it answered {status}"))
             }
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => {
+            // The replica may have moved: have its name resolved again (requests do the same).
+            if matches!(e, client::UpstreamError::Connect(_)) {
+                pool.mark_stale(i);
+            }
+            Err(e.to_string())
+        }
     };
     Some(verdict)
 }

@@ -126,16 +126,19 @@ impl ReplicaGuard<'_> {
     /// connect also has the replica's name resolved again: it may have moved.
     pub fn failed(&self, kind: &str) {
         let r = &self.pool.replicas[self.index];
-        if kind == "connect" && !r.replica.is_resolved() {
-            r.stale.store(true, Ordering::Relaxed);
-            self.pool.resolve_now.notify_one();
+        if kind == "connect" {
+            self.pool.mark_stale(self.index);
         }
         m().upstream_failures
             .with_label_values(&[&self.pool.slug, &r.replica.url, kind])
             .inc();
         let n = r.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= self.pool.max_failures {
+            let again = self.pool.health.ejected(self.index);
             self.pool.health.eject(self.index, self.pool.eject_for);
+            if again {
+                return;
+            }
             log::warn!(
                 "replica {} of {} ejected for {:?} after {n} consecutive failures",
                 r.replica.url,
@@ -204,6 +207,16 @@ impl ModelPool {
             rr: AtomicUsize::new(0),
             affinity: (0..AFFINITY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             affinity_outcomes: Default::default(),
+        }
+    }
+
+    /// A connect to replica `i` failed: if it is named, have the name resolved again now.
+    pub fn mark_stale(&self, i: usize) {
+        if let Some(r) = self.replicas.get(i) {
+            if !r.replica.is_resolved() {
+                r.stale.store(true, Ordering::Relaxed);
+                self.resolve_now.notify_one();
+            }
         }
     }
 

@@ -46,6 +46,11 @@ impl Dns {
             }
             Resolver::builder_with_config(config, TokioConnectionProvider::default())
         };
+        // No cache of its own: the follow loop schedules lookups by the records' TTLs, and a
+        // lookup after a connect failure must ask the name servers, not get the address that
+        // just failed back from a cache.
+        let mut builder = builder;
+        builder.options_mut().cache_size = 0;
         Ok(Dns {
             resolver: builder.build(),
         })

@@ -1,4 +1,4 @@
-//! `POST /v1/messages/count_tokens` ⇄ the upstream's `/tokenize` (vLLM's chat form).
+//! `POST /v1/messages/count_tokens` → the chat prompt an upstream counts.
 //!
 //! The request is validated and translated exactly like a create request's prompt (same
 //! `model`, `system`, `messages` and `tools` rules, same billing-header stripping, same
@@ -8,17 +8,15 @@
 //!
 //! Upstream body: `{"model":…,"messages":[…],"tools":[…]?,…thinking switch…,
 //! "add_generation_prompt":true}` (for a prefill, `"continue_final_message":true,
-//! "add_generation_prompt":false`, as the create request sends, so the count matches); answer `{"count":N,"max_model_len":…,"tokens":[…]}` →
-//! `{"input_tokens":N}`.
+//! "add_generation_prompt":false`, as the create request sends, so the count matches): vLLM's
+//! chat form of `/tokenize`, which each server's plan (`upstream_profile::count`) sends where
+//! that server counts it.
 
 use super::prompt::{write_prompt, PromptIn};
 use super::request::{parse_request, resolve_model, write_thinking};
-use super::response::malformed_response;
 use crate::config::{Config, ModelId};
 use crate::error::ApiError;
-use crate::translate::json_failure;
 use crate::translate::upstream_body::{self, Endpoint};
-use serde::Deserialize;
 
 /// Validates a count-tokens request; returns the model and the upstream `/tokenize` body.
 pub fn count_tokens_to_upstream(
@@ -46,19 +44,4 @@ pub fn count_tokens_to_upstream(
     }
     upstream_body::close(&mut out, model, Endpoint::Tokenize, prompt.prefill);
     Ok((model.id, out))
-}
-
-/// The upstream `/tokenize` answer → `{"input_tokens":N}`.
-pub fn tokenize_to_count_tokens(upstream_body: &[u8]) -> Result<Vec<u8>, ApiError> {
-    #[derive(Deserialize)]
-    struct Tokenized {
-        count: u64,
-    }
-    let t: Tokenized = serde_json::from_slice(upstream_body)
-        .map_err(|e| malformed_response(&json_failure("the tokenize answer", &e)))?;
-    let mut out = Vec::with_capacity(32);
-    out.extend_from_slice(b"{\"input_tokens\":");
-    out.extend_from_slice(itoa::Buffer::new().format(t.count).as_bytes());
-    out.push(b'}');
-    Ok(out)
 }

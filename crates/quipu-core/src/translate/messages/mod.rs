@@ -27,7 +27,7 @@ pub mod stream;
 mod tests;
 
 pub use conformance::{accumulate_message, validate_event_sequence};
-pub use count_tokens::{count_tokens_to_upstream, tokenize_to_count_tokens};
+pub use count_tokens::count_tokens_to_upstream;
 pub use request::messages_to_upstream;
 pub use response::upstream_to_message;
 pub use stream::MessagesStream;
