@@ -89,3 +89,46 @@ def test_claude_code_plain_prompt(claude_bin, gw, tenant, workdir):
 
 if os.environ.get("QUIPU_SKIP_CLAUDE_CODE") == "1":  # pragma: no cover - explicit opt-out only
     pytestmark = pytest.mark.skip(reason="QUIPU_SKIP_CLAUDE_CODE=1 was set by the person running the tests")
+
+
+def test_claude_code_tool_using_turn_over_https(claude_bin, sim, workdir, monkeypatch):
+    """The same tool-using turn with the gateway behind TLS (https://localhost:PORT, a test CA
+    that Node trusts through NODE_EXTRA_CA_CERTS): the environment is run_claude's, only the
+    base URL is https and that variable is added."""
+    from tls_support import TestCA, TlsGateway
+
+    ca = TestCA(workdir, "claude-code")
+    leaf = ca.issue("claude-code-tls")
+    gw = TlsGateway(workdir, {slug: [sim.api_base] for slug in ("colibri", "aguila", "apu")},
+                    ca, leaf, name="quipu-cc-tls").start()
+    try:
+        assert gw.base.startswith("https://localhost:")
+        _, key = gw.new_tenant("cc-tls")
+        since = sim.stats().get("seq", 0)
+        prompt = 'list the files [[sim: tool=Bash tool_args={"command":"ls","description":"List_files"}]]'
+        real_run = subprocess.run
+
+        def with_ca(argv, **kw):
+            kw["env"] = {**kw["env"], "NODE_EXTRA_CA_CERTS": str(ca.path)}
+            return real_run(argv, **kw)
+
+        with monkeypatch.context() as m:
+            m.setattr(subprocess, "run", with_ca)
+            r = run_claude(claude_bin, gw, key, workdir, prompt, "--allowedTools", "Bash")
+        assert r.returncode == 0, f"claude exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        out = json.loads(r.stdout)
+        assert out["is_error"] is False, out
+        assert out["num_turns"] >= 2, out
+        assert out["result"]
+        seen = [rec for rec in sim.requests(since) if rec.get("model") == "upstream-aguila"]
+        assert len(seen) >= 2, "a tool call and the turn with its result"
+        # The second request carries the tool's output back as a tool message.
+        body = json.loads(sim.last_body())
+        tool_msgs = [m for m in body["messages"] if m["role"] == "tool"]
+        assert tool_msgs and "hello.txt" in json.dumps(tool_msgs)
+        assert not any("x-anthropic-billing-header" in json.dumps(m) for m in body["messages"])
+        # Both turns went through this gateway's TLS listener.
+        assert gw.metric_value("quipu_requests_total", route="messages", status="200") >= 2
+    finally:
+        code = gw.stop()
+        assert code == 0, f"quipu did not exit cleanly ({code}):\n{gw.process.tail()}"
