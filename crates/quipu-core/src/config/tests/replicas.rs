@@ -224,8 +224,6 @@ fn credentials_are_refused() {
 #[test]
 fn schemes() {
     for (url, says) in [
-        ("https://h:1", "https upstreams are not supported"),
-        ("https://h/v1", "https upstreams are not supported"),
         ("ftp://h", "must start with http://"),
         ("HTTP://h", "must start with http://"),
         ("http:/h", "must start with http://"),
@@ -238,7 +236,17 @@ fn schemes() {
         let e = refusal(url);
         assert!(e.contains(says), "{url}: {e}");
     }
-    for url in ["http://", "http:///v1", "http://:80", "http://?x"] {
+    for url in ["https://h:1", "https://h/v1"] {
+        assert!(parse_replica(url).unwrap().tls, "{url}");
+    }
+    for url in [
+        "http://",
+        "http:///v1",
+        "http://:80",
+        "http://?x",
+        "https://",
+        "https://:443",
+    ] {
         let e = refusal(url);
         assert!(
             e.ends_with("has no host") || e.contains("query"),
