@@ -10,7 +10,7 @@ use super::{body, count, relay, Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::billing::policy::{self, display::cost_text};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::metrics::m;
-use crate::route::Route;
+use crate::route::ApiRoute;
 use crate::translate::{chat, messages, UpstreamRequest};
 use pingora::protocols::http::ServerSession;
 
@@ -55,20 +55,13 @@ async fn admit_and_relay(
     }
     let body = body::read(session, server).await.map_err(Reply::from)?;
 
-    let translated = match ctx.route {
-        Route::CountTokens => return Ok(count::count_tokens(gw, session, ctx, &body).await),
-        Route::Chat | Route::Messages => match ctx.format {
-            ClientFormat::Chat => chat::chat_to_upstream(&body, &gw.config),
-            ClientFormat::Messages => messages::messages_to_upstream(&body, &gw.config),
-        },
-        Route::Unrouted
-        | Route::Models
-        | Route::Model
-        | Route::Pricing
-        | Route::Plans
-        | Route::Health
-        | Route::NotFound
-        | Route::MethodNotAllowed => {
+    let translated = match ctx.route.api() {
+        Some(ApiRoute::CountTokens) => {
+            return Ok(count::count_tokens(gw, session, ctx, &body).await)
+        }
+        Some(ApiRoute::Chat) => chat::chat_to_upstream(&body, &gw.config),
+        Some(ApiRoute::Messages) => messages::messages_to_upstream(&body, &gw.config),
+        None => {
             log::error!("route {} reached the API handler", ctx.route.as_str());
             return Err(Failure::new(Outcome::InternalError, super::internal_error()).into());
         }

@@ -96,14 +96,7 @@ async fn count(
         ctx.upstream.attempts += 1;
         ctx.upstream.replica = Some(guard.index);
         let replica = guard.replica();
-        let target = match guard.target() {
-            Ok(t) => t,
-            Err(e) => {
-                guard.failed(e.kind());
-                tried.push(guard.index);
-                continue;
-            }
-        };
+        let target = guard.target();
         let server = server_of(gw, ctx, pool, guard.index, model, by).await;
         let (mut plan, mut call) = PromptCount::start(
             server,

@@ -46,7 +46,7 @@ pub fn handle(gw: &Gateway, session: &ServerSession, route: Route) -> Reply {
         ))
         .into(),
         Route::Chat | Route::Messages | Route::CountTokens => {
-            // `serve` sends these to `api`; reaching here is a bug, answered as one.
+            // `serve` sends API routes to `api`; reaching here is a bug, answered as one.
             log::error!("API route {} reached the local handler", route.as_str());
             Failure::new(super::Outcome::InternalError, super::internal_error()).into()
         }

@@ -97,14 +97,7 @@ async fn send<'g>(
         }
         ctx.upstream.attempts += 1;
         ctx.upstream.replica = Some(guard.index);
-        let target = match guard.target() {
-            Ok(t) => t,
-            Err(e) => {
-                guard.failed(e.kind());
-                tried.push(guard.index);
-                continue;
-            }
-        };
+        let target = guard.target();
         let call = Call {
             method: Method::Post,
             target,

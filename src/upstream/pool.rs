@@ -102,6 +102,8 @@ pub struct ReplicaGuard<'a> {
     pool: &'a ModelPool,
     pub index: usize,
     pub pick: Pick,
+    /// Its address when picked (only resolved replicas are picked).
+    addr: SocketAddr,
 }
 
 impl ReplicaGuard<'_> {
@@ -109,9 +111,9 @@ impl ReplicaGuard<'_> {
         &self.pool.replicas[self.index].replica
     }
 
-    /// Where to send this attempt (the replica's current address).
-    pub fn target(&self) -> Result<Target<'_>, UpstreamError> {
-        self.pool.target(self.index)
+    /// Where to send this attempt: the replica's address when it was picked.
+    pub fn target(&self) -> Target<'_> {
+        self.pool.target_at(self.index, self.addr)
     }
 
     /// The attempt worked: the replica is healthy as far as we know.
@@ -237,18 +239,23 @@ impl ModelPool {
     /// Where an exchange with replica `i` goes; a connect error while its name has not
     /// resolved yet.
     pub fn target(&self, i: usize) -> Result<Target<'_>, UpstreamError> {
-        let r = &self.replicas[i].replica;
         let addr = self.addr(i).ok_or_else(|| {
-            UpstreamError::Connect(format!("\"{}\" has not resolved to an address yet", r.host))
+            let host = &self.replicas[i].replica.host;
+            UpstreamError::Connect(format!("\"{host}\" has not resolved to an address yet"))
         })?;
-        Ok(Target {
+        Ok(self.target_at(i, addr))
+    }
+
+    fn target_at(&self, i: usize, addr: SocketAddr) -> Target<'_> {
+        let r = &self.replicas[i].replica;
+        Target {
             addr,
             authority: &r.authority,
             tls: match (&self.tls, r.tls) {
                 (Some(tls), true) => Some((r.sni(), tls.as_ref())),
                 _ => None,
             },
-        })
+        }
     }
 
     /// The server replica `i` runs, if it has been detected.
@@ -333,6 +340,8 @@ impl ModelPool {
             self.affinity_record(prompt_blocks, index);
         }
         let r = &self.replicas[index];
+        // Candidates are resolved, and an address, once known, is only ever replaced.
+        let addr = self.addr(index)?;
         r.in_flight.fetch_add(1, Ordering::Relaxed);
         r.in_flight_gauge.inc();
         r.selected[pick as usize]
@@ -348,6 +357,7 @@ impl ModelPool {
             pool: self,
             index,
             pick,
+            addr,
         })
     }
 

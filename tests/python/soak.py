@@ -98,7 +98,7 @@ def one(gw: Gateway, keys: list[str], rng: random.Random) -> str | None:
         body = {"model": model, "max_tokens": 100, "messages": [{"role": "user", "content": text}], "stream": stream}
         status = http_json("POST", gw.base + "/v1/messages", body,
                            {"x-api-key": key, "anthropic-version": "2023-06-01"}, timeout=60)[0]
-    # What each kind of request must get (DESIGN.md's error table); checked in this order.
+    # What each kind of request must get (docs/design.md's error table); checked in this order.
     if roll < 0.08:
         want = 401
     elif roll < 0.11:

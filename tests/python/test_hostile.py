@@ -1,5 +1,5 @@
 """Hostile input: a catalogue of bad requests through the real binary. Each must get a
-well-formed error in its endpoint's shape with the right status and the DESIGN.md error type
+well-formed error in its endpoint's shape with the right status and the docs/design.md error type
 (and chat code); afterwards the gateway still serves, no reservation is left open, and no
 refused request left a ledger row."""
 
@@ -150,7 +150,7 @@ HEAD_TIMEOUT_MS = 2000
 
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "count_tokens": "/v1/messages/count_tokens"}
 
-# DESIGN.md's error table: (fmt, status) -> (error.type, chat error.code or None when unchecked).
+# docs/design.md's error table: (fmt, status) -> (error.type, chat error.code or None when unchecked).
 ERROR_TABLE = {
     ("chat", 400): ("invalid_request_error", None),
     ("chat", 401): ("authentication_error", "invalid_api_key"),
@@ -187,7 +187,7 @@ def send(gw, path: str, body: bytes, headers) -> tuple[int, object, dict]:
 
 
 def error_problems(fmt: str, status: int, payload) -> list[str]:
-    """What is wrong with an error response, per the error shapes and DESIGN.md's table."""
+    """What is wrong with an error response, per the error shapes and docs/design.md's table."""
     if fmt == "chat":
         if not (isinstance(payload, dict) and set(payload) == {"error"}
                 and {"message", "type", "param", "code"} <= set(payload["error"])):

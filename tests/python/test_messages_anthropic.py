@@ -176,7 +176,7 @@ def test_errors_raise_the_sdk_classes(gw, tenant):
 
 def test_billing_size_and_timeout_errors_raise_the_sdk_classes(workdir, sim):
     """402, 413 and 504 through the SDK: each status maps to its exception class, and the body
-    is the messages error shape with the DESIGN.md type."""
+    is the messages error shape with the docs/design.md type."""
     g = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-sdkerr",
                 server_extra="max_body_bytes = 1048576",
                 model_extra="timeouts = { request_ms = 500, first_byte_ms = 500 }").start()

@@ -1,7 +1,7 @@
 //! One error type for everything a client can be told, rendered in either client format.
 //!
 //! Every client-visible failure is an [`ApiError`]: a [`ErrorKind`] (which fixes the HTTP
-//! status and the `type`/`code` fields of both formats, see DESIGN.md "Errors") plus a message
+//! status and the `type`/`code` fields of both formats, see docs/design.md "Errors") plus a message
 //! written for the client. Nothing here knows about sockets: the proxy picks the renderer from
 //! the request's [`ClientFormat`] and writes the bytes.
 //!

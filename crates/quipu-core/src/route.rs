@@ -39,10 +39,13 @@ impl Route {
         self as usize
     }
 
-    /// Routes whose requests carry a key and are metered.
-    pub fn is_api(self) -> bool {
+    /// The API route this is (a request with a key, metered), or `None` for the routes the
+    /// gateway answers itself. The one place that sorts routes into the two.
+    pub fn api(self) -> Option<ApiRoute> {
         match self {
-            Route::Chat | Route::Messages | Route::CountTokens => true,
+            Route::Chat => Some(ApiRoute::Chat),
+            Route::Messages => Some(ApiRoute::Messages),
+            Route::CountTokens => Some(ApiRoute::CountTokens),
             Route::Unrouted
             | Route::Models
             | Route::Model
@@ -50,24 +53,39 @@ impl Route {
             | Route::Plans
             | Route::Health
             | Route::NotFound
-            | Route::MethodNotAllowed => false,
+            | Route::MethodNotAllowed => None,
         }
+    }
+
+    /// Routes whose requests carry a key and are metered.
+    pub fn is_api(self) -> bool {
+        self.api().is_some()
     }
 
     /// The format of a request on this route: its body, its errors and its stream. Routes that
     /// belong to no format answer in the one their path suggests ([`format_for_path`]).
     pub fn format(self, path: &str) -> ClientFormat {
+        match self.api() {
+            Some(api) => api.format(),
+            None => format_for_path(path),
+        }
+    }
+}
+
+/// The routes of the API: requests with a key, translated, admitted and metered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiRoute {
+    Chat,
+    Messages,
+    CountTokens,
+}
+
+impl ApiRoute {
+    /// The client format the route speaks.
+    pub fn format(self) -> ClientFormat {
         match self {
-            Route::Chat => ClientFormat::Chat,
-            Route::Messages | Route::CountTokens => ClientFormat::Messages,
-            Route::Unrouted
-            | Route::Models
-            | Route::Model
-            | Route::Pricing
-            | Route::Plans
-            | Route::Health
-            | Route::NotFound
-            | Route::MethodNotAllowed => format_for_path(path),
+            ApiRoute::Chat => ClientFormat::Chat,
+            ApiRoute::Messages | ApiRoute::CountTokens => ClientFormat::Messages,
         }
     }
 }

@@ -25,3 +25,32 @@ pub mod settle;
 pub use price::Prices;
 pub use quote::{quote, PromptSize, Quote};
 pub use settle::{settle, Settlement};
+
+/// Prices and usages for the policy's tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::Prices;
+    use crate::money::Rate;
+    use crate::usage::Usage;
+
+    pub fn prices(input: &str, cached: &str, output: &str) -> Prices {
+        Prices {
+            input: Rate::parse(input).unwrap(),
+            cached: Rate::parse(cached).unwrap(),
+            output: Rate::parse(output).unwrap(),
+        }
+    }
+
+    /// colibri's prices in the embedded configuration.
+    pub fn colibri() -> Prices {
+        prices("0.20", "0.05", "0.80")
+    }
+
+    pub fn usage(prompt: u64, cached: u64, completion: u64) -> Usage {
+        Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            completion_tokens: completion,
+        }
+    }
+}

@@ -35,22 +35,7 @@ impl Prices {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn prices(input: &str, cached: &str, output: &str) -> Prices {
-        Prices {
-            input: Rate::parse(input).unwrap(),
-            cached: Rate::parse(cached).unwrap(),
-            output: Rate::parse(output).unwrap(),
-        }
-    }
-
-    fn usage(prompt: u64, cached: u64, completion: u64) -> Usage {
-        Usage {
-            prompt_tokens: prompt,
-            cached_tokens: cached,
-            completion_tokens: completion,
-        }
-    }
+    use crate::billing::test_support::{prices, usage};
 
     #[test]
     fn charge_formula() {

@@ -67,15 +67,7 @@ pub fn quote(prompt: PromptSize, context_window: u64, prices: &Prices) -> Quote 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::money::Rate;
-
-    fn prices() -> Prices {
-        Prices {
-            input: Rate::parse("0.20").unwrap(),
-            cached: Rate::parse("0.05").unwrap(),
-            output: Rate::parse("0.80").unwrap(),
-        }
-    }
+    use crate::billing::test_support::colibri as prices;
 
     fn text(bytes: u64, max_tokens: u32) -> PromptSize {
         PromptSize {

@@ -70,24 +70,9 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::billing::test_support::{colibri as prices, usage};
     use crate::billing::{quote, PromptSize};
     use crate::money::Rate;
-
-    fn prices() -> Prices {
-        Prices {
-            input: Rate::parse("0.20").unwrap(),
-            cached: Rate::parse("0.05").unwrap(),
-            output: Rate::parse("0.80").unwrap(),
-        }
-    }
-
-    fn usage(prompt: u64, cached: u64, completion: u64) -> Usage {
-        Usage {
-            prompt_tokens: prompt,
-            cached_tokens: cached,
-            completion_tokens: completion,
-        }
-    }
 
     #[test]
     fn a_reported_usage_within_the_reservation_is_charged_in_full() {

@@ -1,4 +1,4 @@
-//! Upstream error bodies → client errors (reference §4.7 and DESIGN.md "Errors").
+//! Upstream error bodies → client errors (reference §4.7 and docs/design.md "Errors").
 //!
 //! Upstreams disagree on the envelope: vLLM ≥ 0.10.1 nests `{"error":{"message","type","code":<int>}}`,
 //! older vLLM and SGLang are flat `{"object":"error","message",…}`, llama.cpp nests with its

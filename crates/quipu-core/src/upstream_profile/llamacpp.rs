@@ -45,22 +45,12 @@ pub struct Timings {
 #[cfg(test)]
 mod tests {
     use crate::error::{ClientFormat, ErrorKind};
-    use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
     use crate::usage::usage_of_completion;
 
     #[test]
     fn its_context_error_carries_the_numbers() {
         let body = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#;
-        let e = map_upstream_error(
-            &UpstreamFailure {
-                status: 400,
-                body: body.as_bytes(),
-                retry_after: None,
-                upstream_model: "m",
-                slug: "colibri",
-            },
-            ClientFormat::Messages,
-        );
+        let e = super::super::mapped(400, body, ClientFormat::Messages);
         assert_eq!(e.kind, ErrorKind::ContextLengthExceeded);
         assert!(e.message.contains("5000 tokens > 4096"), "{}", e.message);
     }

@@ -141,6 +141,25 @@ pub(crate) fn server_root(api_base: &str) -> &str {
     api_base.strip_suffix("/v1").unwrap_or(api_base)
 }
 
+/// What a client sees of a server's error body, for the profiles' tests.
+#[cfg(test)]
+pub(crate) fn mapped(
+    status: u16,
+    body: &str,
+    format: crate::error::ClientFormat,
+) -> crate::error::ApiError {
+    crate::translate::upstream_error::map_upstream_error(
+        &crate::translate::upstream_error::UpstreamFailure {
+            status,
+            body: body.as_bytes(),
+            retry_after: None,
+            upstream_model: "Qwen/Qwen3-4B",
+            slug: "colibri",
+        },
+        format,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

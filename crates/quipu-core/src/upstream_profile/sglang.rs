@@ -31,22 +31,13 @@ pub const TOKENIZE_PATH: &str = "/tokenize";
 #[cfg(test)]
 mod tests {
     use crate::error::{ClientFormat, ErrorKind};
-    use crate::translate::upstream_error::{context_numbers, map_upstream_error, UpstreamFailure};
+    use crate::translate::upstream_error::context_numbers;
     use crate::usage::usage_of_completion;
 
     #[test]
     fn its_flat_errors_and_overflow_wording() {
         let body = r#"{"object":"error","message":"The input (40000 tokens) is longer than the model's context length (32768 tokens).","type":"BadRequestError","param":null,"code":400}"#;
-        let e = map_upstream_error(
-            &UpstreamFailure {
-                status: 400,
-                body: body.as_bytes(),
-                retry_after: None,
-                upstream_model: "m",
-                slug: "colibri",
-            },
-            ClientFormat::Chat,
-        );
+        let e = super::super::mapped(400, body, ClientFormat::Chat);
         assert_eq!(e.kind, ErrorKind::ContextLengthExceeded);
         let n = context_numbers(
             "The input (40000 tokens) is longer than the model's context length (32768 tokens).",

@@ -29,20 +29,10 @@ pub const TOKENIZE_PATH: &str = "/tokenize";
 #[cfg(test)]
 mod tests {
     use crate::error::{ClientFormat, ErrorKind};
-    use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
     use crate::usage::usage_of_completion;
 
     fn map(status: u16, body: &str) -> crate::error::ApiError {
-        map_upstream_error(
-            &UpstreamFailure {
-                status,
-                body: body.as_bytes(),
-                retry_after: None,
-                upstream_model: "Qwen/Qwen3-4B",
-                slug: "colibri",
-            },
-            ClientFormat::Messages,
-        )
+        super::super::mapped(status, body, ClientFormat::Messages)
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //!   fuzz targets.
 //! - [`rawjson`]: helpers over raw JSON text.
 //!
-//! Usage semantics (DESIGN.md): `input_tokens = prompt − cached`, `cache_read_input_tokens =
+//! Usage semantics (docs/design.md): `input_tokens = prompt − cached`, `cache_read_input_tokens =
 //! cached`, `cache_creation_input_tokens = 0`, `output_tokens = completion`.
 
 pub mod conformance;

@@ -1,6 +1,6 @@
 //! Messages-format create requests → the upstream request body.
 //!
-//! Validates the top-level fields, applies DESIGN.md's request rules (`max_tokens` optional,
+//! Validates the top-level fields, applies docs/design.md's request rules (`max_tokens` optional,
 //! default and clamp 8192; `temperature` default 0.6, range 0–1; usage always requested on
 //! streams), writes the prompt through [`super::prompt`] and the rest directly as bytes.
 //!

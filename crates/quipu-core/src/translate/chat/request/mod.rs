@@ -1,6 +1,6 @@
 //! Chat-format requests → the upstream request.
 //!
-//! Validates every field the spec lists (type, range, shape), applies the rules of DESIGN.md
+//! Validates every field the spec lists (type, range, shape), applies the rules of docs/design.md
 //! (`max_tokens` default and clamp at 8192, `max_completion_tokens` alias, `temperature` 0.6,
 //! `developer` role as `system`, unlisted fields dropped, usage always requested upstream) and
 //! writes the upstream JSON directly. Client values that pass validation are copied as the

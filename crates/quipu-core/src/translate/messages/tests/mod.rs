@@ -1,5 +1,5 @@
 //! The conformance checklist of reference §6, one named test per applicable item (`cNN_…`),
-//! then the request rules of DESIGN.md and robustness properties. Stream cases replay the
+//! then the request rules of docs/design.md and robustness properties. Stream cases replay the
 //! recorded upstream streams of `tests/fixtures/streams/` (the harness that replays each one
 //! split at every offset, in both client formats, is `tests/conformance.rs`).
 //!

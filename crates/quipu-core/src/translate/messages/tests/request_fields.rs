@@ -1,4 +1,4 @@
-//! Requests, top level and prompt shape (reference §6.1 and DESIGN.md's request rules):
+//! Requests, top level and prompt shape (reference §6.1 and docs/design.md's request rules):
 //! `system`, Claude Code's billing header, string vs block content, consecutive roles and
 //! prefills, fields accepted and dropped, required fields, `max_tokens` and sampling rules,
 //! model names, and text forwarded exactly as escaped.
@@ -295,7 +295,7 @@ fn c16_missing_required_fields_are_400_in_the_messages_envelope() {
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(e.status(ClientFormat::Messages), 400);
     }
-    // max_tokens is optional (DESIGN.md): defaults to the maximum.
+    // max_tokens is optional (docs/design.md): defaults to the maximum.
     let u = upstream(&json!({"model": "aguila", "messages": [{"role": "user", "content": "x"}]}));
     assert_eq!(u["max_tokens"], MAX_OUTPUT_TOKENS);
     // Not JSON / not an object.
