@@ -372,7 +372,9 @@ impl<A: ServeRequest> ServerApp for Frontend<A> {
         let (stream, protocol) = match &self.tls {
             Some(acceptor) => {
                 let by = deadline(opened, limits.tls_handshake_timeout).min(head_by);
-                let stream = handshake(acceptor, stream, by).await?;
+                // Boxed, as the HTTP/2 loop below: their state would otherwise be laid out in
+                // every connection's future, plain HTTP/1.1 ones included.
+                let stream = Box::pin(handshake(acceptor, stream, by)).await?;
                 let protocol = match stream.selected_alpn_proto() {
                     Some(ALPN::H2) if limits.http2 => Protocol::Http2,
                     _ => Protocol::Http1,
@@ -389,14 +391,14 @@ impl<A: ServeRequest> ServerApp for Frontend<A> {
                     max_header_bytes: limits.max_header_bytes,
                     idle: Duration::from_secs(limits.keepalive_s),
                 };
-                h2::serve_connection(
+                Box::pin(h2::serve_connection(
                     &self.app,
                     stream,
                     h2_limits,
                     head_by,
                     shutdown,
                     self.life.draining_flag(),
-                )
+                ))
                 .await;
                 None
             }

@@ -28,6 +28,23 @@ pub fn head_too_large(session: &ServerSession, server: &Server) -> Option<ApiErr
     })
 }
 
+/// An HTTP/1.0 request without `Connection: keep-alive`: its connection closes after the
+/// answer (RFC 9112 §9.3).
+pub fn http10_close(session: &ServerSession) -> bool {
+    let h = session.req_header();
+    h.version == http::Version::HTTP_10
+        && !h
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .any(|v| {
+                v.to_str().is_ok_and(|v| {
+                    v.split(',')
+                        .any(|t| t.trim().eq_ignore_ascii_case("keep-alive"))
+                })
+            })
+}
+
 /// Whether an HTTP/1.1 request head has a line that ends in a bare LF. `httparse` accepts one
 /// as a line end, but a proxy in front of the gateway may not, and would then read
 /// `X-Foo: a\nAuthorization: …` as one header where the gateway reads two: a request

@@ -238,9 +238,10 @@ impl Gateway {
         // Pingora drains an unread body before reusing a connection; bound that too.
         session.set_total_drain_timeout(Some(body::DRAIN_TIMEOUT));
         // HTTP/1.1 keeps idle connections forever by default; bound them (a client's
-        // `Connection: close` still wins). A draining server closes each connection after its
-        // request.
-        if self.life.draining() {
+        // `Connection: close` still wins). HTTP/1.0 closes unless the client asked to keep it
+        // (pingora would answer it `keep-alive`). A draining server closes each connection after
+        // its request.
+        if self.life.draining() || body::http10_close(session) {
             session.set_keepalive(None);
         } else {
             session.set_keepalive(Some(server.keepalive_timeout_s));

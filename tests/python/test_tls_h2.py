@@ -653,3 +653,29 @@ def test_http1_pipelining_long_request_lines_and_bare_lf(transport, tls):
     # Nothing of the bare-LF request reached the upstream: only the CRLF one did.
     assert list(sim_records(sim, sim_seq, ids[-1:])) == ids[-1:]
     assert_exact_bill(gw, sim, tenant, since, ids)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_http10_closes_unless_it_asks_to_keep_alive(transport, tls):
+    """HTTP/1.0's default is one request per connection: the answer says `Connection: close` and
+    the connection ends; with `Connection: keep-alive` it stays open for the next request."""
+    tls_gw, plain, _sim, ca = transport
+    gw = tls_gw if tls else plain
+    s = connect(gw, ca, tls)
+    s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+    [(status, headers, body)] = read_responses(s, 1)
+    assert (status, headers.get("connection"), json.loads(body)) == (200, "close", {"status": "ok"})
+    s.settimeout(5)
+    try:
+        rest = s.recv(1)
+    except (ssl.SSLEOFError, ConnectionResetError):
+        rest = b""
+    assert rest == b"", "the connection is closed after an HTTP/1.0 answer"
+    s.close()
+    s = connect(gw, ca, tls)
+    s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\nConnection: keep-alive\r\n\r\n"
+              b"GET /v1/plans HTTP/1.0\r\nHost: localhost\r\nConnection: keep-alive\r\n\r\n")
+    answers = read_responses(s, 2)
+    assert [a[0] for a in answers] == [200, 200]
+    assert all(a[1].get("connection") == "keep-alive" for a in answers)
+    s.close()
