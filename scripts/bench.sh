@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# The side-by-side benchmark (direct, nginx, bare pingora, LiteLLM, Quipu) on this machine:
+# The side-by-side benchmark (direct, nginx, bare pingora, LiteLLM, Quipu) on this machine, plain
+# HTTP/1.1 and, in the same run, over TLS and HTTP/2:
 #
 #   ./scripts/bench.sh [--quick]       # writes docs/benchmarks.md
 #
-# Installs what it needs: nginx and wrk (apt), oha (cargo), LiteLLM (pip, in its own venv under
-# benches/.venv-litellm). Not a test: it measures, it does not pass or fail.
+# Installs what it needs: nginx, wrk, ab (apache2-utils), h2load (nghttp2-client) and openssl
+# (apt), oha (cargo), LiteLLM (pip, in its own venv under benches/.venv-litellm). Not a test: it
+# measures, it does not pass or fail. Arguments go to benches/run.py (--sections, --streams-only …).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUIPU_DEPS_BUILD_ONLY=1 source scripts/deps.sh
 need=()
 command -v nginx >/dev/null 2>&1 || need+=(nginx)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
+command -v ab >/dev/null 2>&1 || need+=(apache2-utils)
+command -v h2load >/dev/null 2>&1 || need+=(nghttp2-client)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then sudo=sudo; else sudo=; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >/dev/null || true
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   $sudo systemctl stop nginx >/dev/null 2>&1 || true
 fi
