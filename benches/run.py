@@ -323,9 +323,11 @@ class Quipu(Target):
     name = "quipu"
     speaks_messages = True
 
-    def __init__(self, sim_port, threads: int = 1, name: str = "quipu", tls: bool = False, proto: str = "h1"):
+    def __init__(self, sim_port, threads: int = 1, name: str = "quipu", tls: bool = False, proto: str = "h1",
+                 exe: str | None = None):
         """tls: the API listener serves TLS (ALPN h2 and http/1.1, Quipu's defaults); a plain
-        listener takes h2c as shipped (`h2c = true`), so proto only says which cells use it."""
+        listener takes h2c as shipped (`h2c = true`), so proto only says which cells use it.
+        exe: another build of quipu (the same-run baseline, QUIPU_BENCH_BASELINE)."""
         port, mport = free_port(), free_port()
         self.name = name
         self.proto = "h2" if tls else proto
@@ -348,7 +350,7 @@ upstream_model = "colibri"
 upstreams = ["http://127.0.0.1:{sim_port}/v1"]
 prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
 """)
-        q = binary("quipu")
+        q = exe or binary("quipu")
         cli_env = dict(os.environ, QUIPU_LOG="warn")
         # The server runs as shipped: default log level, so the access log is on (to a file).
         env = {k: v for k, v in os.environ.items() if k not in ("QUIPU_LOG", "RUST_LOG")}
@@ -624,6 +626,11 @@ def main() -> int:
     if any(x in sections for x in ("plain", "ttfb", "open-loop")):
         plain_targets += start([lambda: Nginx(sim_port), lambda: Bare(sim_port), lambda: Quipu(sim_port),
                                 lambda: LiteLLM(sim_port, Path(args.litellm_venv))])
+        # The same cells for an earlier build of Quipu, interleaved with the others: a
+        # regression shows against this run's own baseline, not against another day's machine.
+        before = os.environ.get("QUIPU_BENCH_BASELINE")
+        if before:
+            plain_targets += start([lambda: Quipu(sim_port, name=BASELINE_NAME, exe=before)])
     if "plain" in sections:
         for scenario in ["chat", "messages", "chat_stream", "messages_stream"]:
             for c in [1, 16, 64]:
@@ -679,6 +686,29 @@ def main() -> int:
     sim.stop()
     write_report(args, rows, ttfb, open_loop, conc, notes, previous)
     return 0
+
+
+BASELINE_NAME = os.environ.get("QUIPU_BENCH_BASELINE_LABEL", "quipu-before")
+
+
+def before_after(by: dict) -> list[str]:
+    """This build against the same-run baseline build, cell by cell."""
+    out = []
+    for s in ("chat", "messages", "chat_stream", "messages_stream"):
+        for c in (1, 16, 64):
+            now, was = by.get(("quipu", s, c)), by.get((BASELINE_NAME, s, c))
+            if not (now and was):
+                continue
+            out.append(f"| {s} | {c} | {fmt(was['cpu_us'], 1)} → {fmt(now['cpu_us'], 1)} | {ratio(now['cpu_us'], was['cpu_us'])} | "
+                       f"{fmt(was.get('add_p50'), 3)} → {fmt(now.get('add_p50'), 3)} | {fmt(was['rps'], 0)} → {fmt(now['rps'], 0)} | "
+                       f"{fmt(was['rss_mb'], 1)} → {fmt(now['rss_mb'], 1)} |")
+    if not out:
+        return []
+    return ["", f"## This build against {BASELINE_NAME}, in the same run", "",
+            f"`{BASELINE_NAME}` is an earlier build of Quipu (`QUIPU_BENCH_BASELINE`), measured in the same cells, "
+            "interleaved with the other targets, on the same machine at the same time: the fair before/after.", "",
+            "| scenario | c | CPU µs/req before → now | now / before | +p50 ms before → now | req/s before → now | peak RSS MB before → now |",
+            "|---|---|---|---|---|---|---|"] + out
 
 
 def fd_figures(pid: int) -> dict:
@@ -893,7 +923,8 @@ def write_report(args, rows, ttfb, open_loop, conc, notes, previous=None):
             for c in (1, 16, 64):
                 q, b, n, l = (by.get((t, s, c), {}).get("cpu_us") for t in ("quipu", "pingora-bare", "nginx", "litellm"))
                 lines.append(f"| {s} | {c} | {ratio(q, b)} | {ratio(q, n)} | {ratio(l, q)} |")
-    spread = [r for r in rows if r.get("cpu_spread") and r["target"] in ("quipu", "pingora-bare", "nginx")]
+    lines += before_after(by)
+    spread = [r for r in rows if r.get("cpu_spread") and r["target"] in ("quipu", "pingora-bare", "nginx", BASELINE_NAME)]
     if spread:
         lines += ["", "Spread of CPU µs/req over the runs of a cell (min – max): "
                   + "; ".join(f"{r['target']} {r['scenario']} c={r['c']}: {r['cpu_spread'][0]:.1f}–{r['cpu_spread'][1]:.1f}"
@@ -904,7 +935,7 @@ def write_report(args, rows, ttfb, open_loop, conc, notes, previous=None):
                   "|---|---|---|---|---|"]
         d = ttfb.get(("direct", "chat_stream"))
         dm = ttfb.get(("direct", "messages_stream"))
-        for t in sorted({k[0] for k in ttfb}, key=["direct", "nginx", "pingora-bare", "quipu", "litellm"].index):
+        for t in sorted({k[0] for k in ttfb}, key=["direct", "nginx", "pingora-bare", "quipu", BASELINE_NAME, "litellm"].index):
             a, m = ttfb[(t, "chat_stream")], ttfb[(t, "messages_stream")]
             lines.append(f"| {t} | {a:.3f} | {m:.3f} | {a - d:+.3f} | {m - dm:+.3f} |")
         lines.append("")

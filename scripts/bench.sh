@@ -2,7 +2,9 @@
 # The side-by-side benchmark (direct, nginx, bare pingora, LiteLLM, Quipu) on this machine, plain
 # HTTP/1.1 and, in the same run, over TLS and HTTP/2:
 #
-#   ./scripts/bench.sh [--quick]       # writes docs/benchmarks.md
+#   ./scripts/bench.sh [--quick] [--baseline REV]   # writes docs/benchmarks.md
+#
+# --baseline REV adds an earlier build of Quipu to the plain cells of the same run.
 #
 # Installs what it needs: nginx, wrk, ab (apache2-utils), h2load (nghttp2-client) and openssl
 # (apt), oha (cargo), LiteLLM (pip, in its own venv under benches/.venv-litellm). Not a test: it
@@ -30,4 +32,30 @@ if [ ! -x "$venv/bin/litellm" ]; then
   "$venv/bin/pip" install -q 'litellm[proxy]==1.106.2'
 fi
 cargo build --release -p quipu -p quipu-sim -p bare-forwarder
-exec python3 benches/run.py "$@"
+
+# --baseline REV: an earlier build of Quipu measured in the same run (e.g. the last release, or
+# the commit before a change), so a regression shows against this machine at this moment. Built
+# once per revision from a temporary worktree and kept under target/bench-baseline/.
+args=()
+baseline=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --baseline) baseline="$2"; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+if [ -n "$baseline" ]; then
+  rev="$(git rev-parse --short "$baseline")"
+  store="${CARGO_TARGET_DIR:-$PWD/target}/bench-baseline"
+  out="$store/$rev"
+  if [ ! -x "$out/quipu" ]; then
+    wt="$(mktemp -d)"
+    git worktree add -q --detach "$wt" "$rev"
+    (cd "$wt" && CARGO_TARGET_DIR="$store/build" cargo build --release -p quipu)
+    mkdir -p "$out"
+    cp "$store/build/release/quipu" "$out/quipu"
+    git worktree remove --force "$wt"
+  fi
+  export QUIPU_BENCH_BASELINE="$out/quipu" QUIPU_BENCH_BASELINE_LABEL="quipu-$rev"
+fi
+exec python3 benches/run.py "${args[@]}"
