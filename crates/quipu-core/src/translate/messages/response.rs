@@ -5,7 +5,8 @@
 //! `tool_use` per tool call (`input` = the arguments, which must be one JSON object, or empty
 //! for `{}`). `stop_reason` follows [`stop_reason`], shared with the stream translator. Also
 //! home of the helpers both translators use: the stop-reason table, upstream error objects,
-//! usage rendering.
+//! and the `tool_use` input check. The objects written are the typed ones of
+//! [`crate::protocol::anthropic_out`].
 //!
 //! Tool arguments are judged by the same [`ObjectScanner`] the stream translator runs on each
 //! fragment, in the same order, so a response fails or succeeds the same way streamed or not:
@@ -15,7 +16,8 @@
 //! malformed-arguments error. No call is silently given `{}` for arguments it did have.
 
 use super::rawjson::is_object;
-use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::protocol::anthropic_out::{Block, Message, MessageId, MessageKind, Role, UsageOut};
 use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
 use crate::translate::json_scan::{ObjectScanner, Scan};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
@@ -23,28 +25,9 @@ use crate::translate::{json_failure, scrub_error, ResponseContext};
 use crate::usage::Usage;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 
-/// Why generation stopped, in the messages format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    EndTurn,
-    MaxTokens,
-    StopSequence,
-    ToolUse,
-    Refusal,
-}
-
-impl StopReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StopReason::EndTurn => "end_turn",
-            StopReason::MaxTokens => "max_tokens",
-            StopReason::StopSequence => "stop_sequence",
-            StopReason::ToolUse => "tool_use",
-            StopReason::Refusal => "refusal",
-        }
-    }
-}
+pub use crate::protocol::anthropic_out::StopReason;
 
 /// The upstream `finish_reason` (plus the matched stop string, if the upstream reported one,
 /// and whether tool calls were emitted) as a messages-format stop reason.
@@ -156,18 +139,6 @@ pub fn malformed_response(detail: &str) -> ApiError {
     )
 }
 
-/// `{"input_tokens":…,"cache_creation_input_tokens":0,"cache_read_input_tokens":…,"output_tokens":…}`.
-pub fn write_usage(out: &mut Vec<u8>, u: &Usage) {
-    let mut n = itoa::Buffer::new();
-    out.extend_from_slice(b"{\"input_tokens\":");
-    out.extend_from_slice(n.format(u.uncached_input()).as_bytes());
-    out.extend_from_slice(b",\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":");
-    out.extend_from_slice(n.format(u.cached()).as_bytes());
-    out.extend_from_slice(b",\"output_tokens\":");
-    out.extend_from_slice(n.format(u.completion_tokens).as_bytes());
-    out.push(b'}');
-}
-
 /// The client's name for an upstream tool name (shortened names are restored).
 pub fn client_tool_name<'x>(map: &'x [(String, String)], upstream: &'x str) -> &'x str {
     map.iter()
@@ -195,15 +166,15 @@ pub fn incomplete_tool_arguments(finish: &str) -> ApiError {
     }
 }
 
-/// Writes a `tool_use` input: the arguments (a JSON object, whitespace around it trimmed), or
-/// `{}` when there are none. `scan` is [`ObjectScanner::check`] of them.
-pub fn write_tool_input(out: &mut Vec<u8>, arguments: &str, scan: Scan) {
-    match scan {
-        Scan::Complete => {
-            out.extend_from_slice(arguments.trim_matches([' ', '\t', '\n', '\r']).as_bytes())
-        }
-        _ => out.extend_from_slice(b"{}"),
-    }
+/// A `tool_use` input: the arguments (a JSON object, whitespace around it trimmed), or `{}`
+/// when there are none. `scan` is [`ObjectScanner::check`] of them; an object the scanner
+/// passed but `serde_json` will not hold (nested deeper than its limit) is malformed too.
+pub fn tool_input(arguments: &str, scan: Scan) -> Result<&RawValue, ApiError> {
+    let raw = match scan {
+        Scan::Complete => arguments.trim_matches([' ', '\t', '\n', '\r']),
+        _ => "{}",
+    };
+    serde_json::from_str(raw).map_err(|_| malformed_tool_arguments())
 }
 
 /// Translates a non-streaming upstream response; returns the client body and the usage to
@@ -262,51 +233,43 @@ fn completion_to_message(
         }
     });
 
-    let mut out = Vec::with_capacity(upstream_body.len() + 256);
-    out.extend_from_slice(b"{\"id\":\"msg_");
-    out.extend_from_slice(json_inner(&ctx.request_id).as_bytes());
-    out.extend_from_slice(b"\",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
-    write_json_str(&mut out, &ctx.client_model);
-    out.extend_from_slice(b",\"content\":[");
-    if let Some(r) = reasoning {
-        out.extend_from_slice(b"{\"type\":\"thinking\",\"thinking\":");
-        write_json_str(&mut out, r);
-        out.extend_from_slice(b",\"signature\":\"\"}");
+    let mut content = Vec::with_capacity(2 + calls.len());
+    if let Some(thinking) = reasoning {
+        content.push(Block::Thinking {
+            thinking,
+            signature: "",
+        });
     }
-    if let Some(t) = text {
-        if out.last() != Some(&b'[') {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
-        write_json_str(&mut out, t);
-        out.push(b'}');
+    if let Some(text) = text {
+        content.push(Block::Text { text });
     }
-    for (k, call) in calls.iter().enumerate() {
-        if out.last() != Some(&b'[') {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"type\":\"tool_use\",\"id\":");
-        match call.id.as_deref().filter(|id| !id.is_empty()) {
-            Some(id) => write_json_str(&mut out, id),
-            None => write_json_str(&mut out, &minted_tool_id(&ctx.request_id, k)),
-        }
-        out.extend_from_slice(b",\"name\":");
+    for (k, (call, scan)) in calls.iter().zip(&scans).enumerate() {
+        let id = match call.id.as_deref().filter(|id| !id.is_empty()) {
+            Some(id) => Cow::Borrowed(id),
+            None => Cow::Owned(minted_tool_id(&ctx.request_id, k)),
+        };
         let name = call.function.name.as_deref().unwrap_or_default();
-        write_json_str(&mut out, client_tool_name(&ctx.tool_name_map, name));
-        out.extend_from_slice(b",\"input\":");
-        write_tool_input(&mut out, tool_arguments(call), scans[k]);
-        out.push(b'}');
+        content.push(Block::ToolUse {
+            id,
+            name: client_tool_name(&ctx.tool_name_map, name),
+            input: tool_input(tool_arguments(call), *scan)?,
+        });
     }
-    out.extend_from_slice(b"],\"stop_reason\":\"");
-    out.extend_from_slice(stop.as_str().as_bytes());
-    out.extend_from_slice(b"\",\"stop_sequence\":");
-    match (stop, matched) {
-        (StopReason::StopSequence, Some(s)) => write_json_str(&mut out, s),
-        _ => out.extend_from_slice(b"null"),
-    }
-    out.extend_from_slice(b",\"usage\":");
-    write_usage(&mut out, &usage);
-    out.push(b'}');
+    let message = Message {
+        id: MessageId(&ctx.request_id),
+        kind: MessageKind::Message,
+        role: Role::Assistant,
+        model: &ctx.client_model,
+        content,
+        stop_reason: stop,
+        stop_sequence: match stop {
+            StopReason::StopSequence => matched,
+            _ => None,
+        },
+        usage: UsageOut::from(&usage),
+    };
+    let out = serde_json::to_vec(&message)
+        .map_err(|e| malformed_response(&json_failure("the message", &e)))?;
     Ok((out, usage))
 }
 
@@ -317,15 +280,4 @@ fn tool_arguments<'s>(call: &'s CompletionToolCall<'_>) -> &'s str {
 /// A tool-use id for a call the upstream sent without one.
 pub fn minted_tool_id(request_id: &str, k: usize) -> String {
     format!("toolu_{request_id}_{k}")
-}
-
-/// The escaped contents of `s` as a JSON string (for splicing it inside a literal).
-pub fn json_inner(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        return std::borrow::Cow::Borrowed(s);
-    }
-    let mut v = Vec::with_capacity(s.len() + 8);
-    write_json_str(&mut v, s);
-    let inner = v.get(1..v.len().saturating_sub(1)).unwrap_or_default();
-    std::borrow::Cow::Owned(String::from_utf8_lossy(inner).into_owned())
 }

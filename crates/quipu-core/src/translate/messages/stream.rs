@@ -4,7 +4,8 @@
 //! one small record per tool call (plus, only while parallel calls interleave, the fragments
 //! of the calls waiting for their block, bounded).
 //!
-//! Output, always `event: <name>\ndata: <json>\n\n` with `data.type == name`:
+//! Output, always `event: <name>\ndata: <json>\n\n` with `data.type == name`, written from
+//! the typed [`StreamEvent`]s of [`crate::protocol::anthropic_out`]:
 //!
 //! 1. `message_start` before anything else — on the first chunk, with the usage that chunk
 //!    reports (vLLM's continuous usage stats: the prompt's tokens), or on the first idle tick
@@ -49,10 +50,14 @@
 //! [`on_failure`]: StreamTranslator::on_failure
 
 use super::response::{
-    client_tool_name, incomplete_tool_arguments, json_inner, malformed_tool_arguments,
-    minted_tool_id, stop_reason, upstream_error, write_usage, StopReason,
+    client_tool_name, incomplete_tool_arguments, malformed_tool_arguments, minted_tool_id,
+    stop_reason, upstream_error, StopReason,
 };
-use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::protocol::anthropic_out::{
+    BlockDelta, BlockStart, EmptyObject, MessageDelta, MessageId, MessageKind, MessageStart, Role,
+    StreamEvent, UsageOut,
+};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
 use crate::translate::json_scan::{ObjectScanner, Scan};
 use crate::translate::{
@@ -129,27 +134,6 @@ pub struct MessagesStream {
     error: Option<ApiError>,
 }
 
-/// `event: <name>\ndata: {"type":"<name>"` — the caller writes the rest of the object.
-#[inline]
-fn frame_open(out: &mut Vec<u8>, name: &str) {
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b"\ndata: {\"type\":\"");
-    out.extend_from_slice(name.as_bytes());
-    out.push(b'"');
-}
-
-#[inline]
-fn frame_close(out: &mut Vec<u8>) {
-    out.extend_from_slice(b"}\n\n");
-}
-
-#[inline]
-fn write_index(out: &mut Vec<u8>, index: u32) {
-    out.extend_from_slice(b",\"index\":");
-    out.extend_from_slice(itoa::Buffer::new().format(index).as_bytes());
-}
-
 impl MessagesStream {
     pub fn new(ctx: ResponseContext) -> Self {
         MessagesStream {
@@ -177,17 +161,20 @@ impl MessagesStream {
             return;
         }
         self.started = true;
-        frame_open(out, "message_start");
-        out.extend_from_slice(b",\"message\":{\"id\":\"msg_");
-        out.extend_from_slice(json_inner(&self.ctx.request_id).as_bytes());
-        out.extend_from_slice(b"\",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
-        write_json_str(out, &self.ctx.client_model);
-        out.extend_from_slice(
-            b",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":",
-        );
-        write_usage(out, usage.unwrap_or(&Usage::default()));
-        out.push(b'}');
-        frame_close(out);
+        let zero = Usage::default();
+        StreamEvent::MessageStart {
+            message: MessageStart {
+                id: MessageId(&self.ctx.request_id),
+                kind: MessageKind::Message,
+                role: Role::Assistant,
+                model: &self.ctx.client_model,
+                content: [],
+                stop_reason: None,
+                stop_sequence: None,
+                usage: UsageOut::from(usage.unwrap_or(&zero)),
+            },
+        }
+        .write(out);
     }
 
     fn close_block(&mut self, out: &mut Vec<u8>) {
@@ -199,66 +186,70 @@ impl MessagesStream {
                 t.state = CallState::Closed;
             }
         }
-        frame_open(out, "content_block_stop");
-        write_index(out, self.open_index);
-        frame_close(out);
+        StreamEvent::ContentBlockStop {
+            index: self.open_index,
+        }
+        .write(out);
         self.open = Open::None;
     }
 
-    /// Closes the open block and writes the start of a new one up to `"content_block":`.
-    fn open_block(&mut self, kind: Open, out: &mut Vec<u8>) {
+    /// Closes the open block and makes `kind` the open one; returns its index.
+    fn next_block(&mut self, kind: Open, out: &mut Vec<u8>) -> u32 {
         self.close_block(out);
         self.open = kind;
         self.open_index = self.next_index;
         self.next_index = self.next_index.saturating_add(1);
-        frame_open(out, "content_block_start");
-        write_index(out, self.open_index);
-        out.extend_from_slice(b",\"content_block\":");
+        self.open_index
     }
 
-    fn delta_open(&self, out: &mut Vec<u8>, delta_type: &str, field: &str) {
-        frame_open(out, "content_block_delta");
-        write_index(out, self.open_index);
-        out.extend_from_slice(b",\"delta\":{\"type\":\"");
-        out.extend_from_slice(delta_type.as_bytes());
-        out.extend_from_slice(b"\",\"");
-        out.extend_from_slice(field.as_bytes());
-        out.extend_from_slice(b"\":");
+    /// [`Self::next_block`], and its `content_block_start`.
+    fn open_block(&mut self, kind: Open, block: BlockStart<'_>, out: &mut Vec<u8>) {
+        let index = self.next_block(kind, out);
+        StreamEvent::ContentBlockStart {
+            index,
+            content_block: block,
+        }
+        .write(out);
+    }
+
+    /// A `content_block_delta` for the open block.
+    fn delta(&self, delta: BlockDelta<'_>, out: &mut Vec<u8>) {
+        StreamEvent::ContentBlockDelta {
+            index: self.open_index,
+            delta,
+        }
+        .write(out);
     }
 
     fn thinking(&mut self, text: &str, out: &mut Vec<u8>) {
         if self.open != Open::Thinking {
-            self.open_block(Open::Thinking, out);
-            out.extend_from_slice(b"{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}");
-            frame_close(out);
+            let empty = BlockStart::Thinking {
+                thinking: "",
+                signature: "",
+            };
+            self.open_block(Open::Thinking, empty, out);
         }
-        self.delta_open(out, "thinking_delta", "thinking");
-        write_json_str(out, text);
-        out.push(b'}');
-        frame_close(out);
+        self.delta(BlockDelta::ThinkingDelta { thinking: text }, out);
     }
 
     fn text(&mut self, text: &str, out: &mut Vec<u8>) {
         if self.open != Open::Text {
-            self.open_block(Open::Text, out);
-            out.extend_from_slice(b"{\"type\":\"text\",\"text\":\"\"}");
-            frame_close(out);
+            self.open_block(Open::Text, BlockStart::Text { text: "" }, out);
         }
-        self.delta_open(out, "text_delta", "text");
-        write_json_str(out, text);
-        out.push(b'}');
-        frame_close(out);
+        self.delta(BlockDelta::TextDelta { text }, out);
     }
 
     fn input_json(&self, fragment: &str, out: &mut Vec<u8>) {
-        self.delta_open(out, "input_json_delta", "partial_json");
-        write_json_str(out, fragment);
-        out.push(b'}');
-        frame_close(out);
+        self.delta(
+            BlockDelta::InputJsonDelta {
+                partial_json: fragment,
+            },
+            out,
+        );
     }
 
     fn start_tool(&mut self, slot: usize, out: &mut Vec<u8>) {
-        self.open_block(Open::Tool(slot), out);
+        let index = self.next_block(Open::Tool(slot), out);
         let Some(t) = self.tools.get_mut(slot) else {
             return;
         };
@@ -267,12 +258,15 @@ impl MessagesStream {
             t.minted = true;
         }
         t.state = CallState::Open;
-        out.extend_from_slice(b"{\"type\":\"tool_use\",\"id\":");
-        write_json_str(out, &t.id);
-        out.extend_from_slice(b",\"name\":");
-        write_json_str(out, client_tool_name(&self.ctx.tool_name_map, &t.name));
-        out.extend_from_slice(b",\"input\":{}}");
-        frame_close(out);
+        StreamEvent::ContentBlockStart {
+            index,
+            content_block: BlockStart::ToolUse {
+                id: &t.id,
+                name: client_tool_name(&self.ctx.tool_name_map, &t.name),
+                input: EmptyObject {},
+            },
+        }
+        .write(out);
         let pending = std::mem::take(&mut t.pending);
         self.held_bytes = self.held_bytes.saturating_sub(pending.len());
         if !pending.is_empty() {
@@ -512,19 +506,15 @@ impl MessagesStream {
         let Some(held) = self.held.take() else {
             return;
         };
-        frame_open(out, "message_delta");
-        out.extend_from_slice(b",\"delta\":{\"stop_reason\":\"");
-        out.extend_from_slice(held.stop.as_str().as_bytes());
-        out.extend_from_slice(b"\",\"stop_sequence\":");
-        match &held.stop_sequence {
-            Some(s) => write_json_str(out, s),
-            None => out.extend_from_slice(b"null"),
+        StreamEvent::MessageDelta {
+            delta: MessageDelta {
+                stop_reason: held.stop,
+                stop_sequence: held.stop_sequence.as_deref(),
+            },
+            usage: UsageOut::from(&self.usage()),
         }
-        out.extend_from_slice(b"},\"usage\":");
-        write_usage(out, &self.usage());
-        frame_close(out);
-        frame_open(out, "message_stop");
-        frame_close(out);
+        .write(out);
+        StreamEvent::MessageStop.write(out);
         self.end = StreamEnd::Complete;
     }
 
@@ -579,7 +569,7 @@ impl StreamTranslator for MessagesStream {
             return;
         }
         self.ensure_started(out, None);
-        out.extend_from_slice(b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
+        StreamEvent::Ping.write(out);
     }
 
     fn usage(&self) -> Usage {
