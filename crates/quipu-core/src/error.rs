@@ -307,44 +307,27 @@ impl fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-/// Appends `s` as a JSON string literal (quotes included) to `out`.
-///
-/// Hand-written because it runs on every chunk of every stream: no allocation, and the common
-/// case (nothing to escape) is one `extend_from_slice`.
+/// Appends `s` as a JSON string literal (quotes included) to `out`: `serde_json`'s escaping
+/// (`\"`, `\\`, `\n`-style short forms, `\u00xx` for other control characters), written
+/// straight into the buffer.
 pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => {
-                out.extend_from_slice(&bytes[start..i]);
-                let mut escaped = *b"\\u0000";
-                crate::ascii::fill_hex(&mut escaped[2..], u64::from(b));
-                out.extend_from_slice(&escaped);
-                start = i + 1;
-                continue;
-            }
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        out.extend_from_slice(escape);
-        start = i + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
+    // Writing a `&str` into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_strings_use_the_short_escapes_and_lowercase_hex() {
+        let mut out = Vec::new();
+        write_json_str(&mut out, "a\"b\\c\n\r\t\u{8}\u{c}\u{1}\u{1f}\u{7f}é");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "\"a\\\"b\\\\c\\n\\r\\t\\b\\f\\u0001\\u001f\u{7f}é\""
+        );
+    }
 
     fn json(e: &ApiError, f: ClientFormat) -> serde_json::Value {
         serde_json::from_slice(&e.body(f, "req_1")).unwrap()
