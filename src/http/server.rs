@@ -1,10 +1,12 @@
 //! Client connections: how many may be open, how long a request head may take, and draining.
 //!
 //! Pingora bounds a request head only per read (a client sending one byte every 50 s holds its
-//! connection forever) and counts no connections. [`Frontend`] is the listener's `ServerApp`
-//! and runs the HTTP/1.1 keep-alive loop itself — the same steps as pingora's `ServerApp`
-//! implementation for an `HttpServerApp`, plain HTTP/1.x only (Quipu serves neither TLS nor
-//! h2c) — handing each request to a [`ServeRequest`] and adding:
+//! connection forever) and counts no connections. [`Frontend`] is the listener's `ServerApp`:
+//! it takes the connection's slot, runs the TLS handshake when the listener has a certificate
+//! ([`super::tls`]), hands HTTP/2 connections (ALPN `h2`, or the h2c preface on a plain
+//! listener) to [`super::h2`], and runs the HTTP/1.1 keep-alive loop itself — the same steps
+//! as pingora's `ServerApp` implementation for an `HttpServerApp` — handing each request to a
+//! [`ServeRequest`] and adding:
 //!
 //! - **A connection cap** (`server.max_connections`): a connection over it is closed as soon as
 //!   it is accepted, before anything is read; idle keep-alive connections count too. Closing
