@@ -122,7 +122,10 @@ function renderChart(u) {
     t.textContent = `${d.day}: ${d.charge.display} (S/ ${d.charge.exact} exact), ${fmtInt(d.requests)} requests`;
     r.appendChild(t);
     svg.appendChild(r);
-    if (i === 0 || i === days.length - 1 || (days.length > 10 && i % 7 === 0)) {
+    // Weekly labels counted back from the last day, and the first day's when it has room.
+    const fromEnd = days.length - 1 - i;
+    const weekly = days.length > 10 ? fromEnd % 7 === 0 : fromEnd === 0;
+    if (weekly || (i === 0 && (days.length <= 10 || fromEnd % 7 >= 3))) {
       const label = document.createElementNS(SVG, "text");
       label.setAttribute("x", (left + i * step + step / 2).toFixed(2));
       label.setAttribute("y", H - 8);
