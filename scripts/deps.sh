@@ -4,7 +4,8 @@
 #
 #   build:  cmake (pingora builds zlib-ng with it), a C compiler, curl (run.sh --demo)
 #   tests:  PostgreSQL server binaries, Prometheus + promtool, Python 3 venv with the pinned
-#           official SDKs (tests/python/requirements.txt), Node.js/npm for Claude Code
+#           official SDKs (tests/python/requirements.txt), Node.js/npm for Claude Code,
+#           Debian's Chromium and its WebDriver (the account page's browser test, with Selenium)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,6 +22,9 @@ if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
   python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
   # Claude Code's integration test installs the CLI with npm (scripts/deps-claude-code.sh).
   command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
+  # tests/python/test_account_page.py drives the system's Chromium; nothing is downloaded.
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -13,12 +13,26 @@
 //! | POST | `/admin/keys/{id}/revoke` | | revoke a key |
 //! | POST | `/admin/topups` | `{"tenant","amount","note"?,"idempotency_key"?}` | top up (amount as a decimal string; a repeated key adds nothing) |
 //! | GET | `/admin/statement` | `?tenant=&from=&to=` | a statement |
+//! | GET | `/admin/tenants/{name}/account` | `?utc_offset=` | the tenant's account, as its keys see it on `GET /v1/account` |
+//! | GET | `/admin/tenants/{name}/usage` | `?from=&to=&utc_offset=&group_by=&limit=&cursor=` | its usage, as `GET /v1/usage` |
+//! | GET | `/admin/tenants/{name}/keys` | `?limit=&cursor=` | its keys with their spend, as `GET /v1/keys` |
+//! | GET | `/admin/tenants/{name}/requests` | `?limit=&cursor=` | its requests, newest first, as `GET /v1/requests` |
+//! | GET | `/admin/tenants/{name}/topups` | `?limit=&cursor=` | its top-ups, newest first, as `GET /v1/topups` |
+//!
+//! The `/admin/tenants/{name}/…` routes answer exactly what the tenant's own keys get from the
+//! account routes (`ops::account`, one implementation): the operator sees what the tenant sees.
 
+use crate::account::page::Listing;
+use crate::account::query::Query;
+use crate::account::{self as params, UsageParams};
 use crate::auth::{bearer_token, Bearer};
+use crate::billing::Accounts;
 use crate::config::Config;
+use crate::error::ApiError;
 use crate::keys::constant_time_eq;
+use crate::ops::account::{self as view, InFlight};
 use crate::ops::{self, OpsError, Output};
-use crate::store::{KeyLimits, Store};
+use crate::store::{now_ms, KeyLimits, Store, TenantId};
 use async_trait::async_trait;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
@@ -32,16 +46,80 @@ pub struct AdminApp {
     store: Arc<dyn Store>,
     config: Arc<Config>,
     token: String,
+    /// This replica's money in flight, for the account route.
+    accounts: Arc<Accounts>,
 }
 
 impl AdminApp {
-    pub fn new(store: Arc<dyn Store>, config: Arc<Config>, token: String) -> AdminApp {
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: Arc<Config>,
+        token: String,
+        accounts: Arc<Accounts>,
+    ) -> AdminApp {
         AdminApp {
             store,
             config,
             token,
+            accounts,
         }
     }
+
+    /// `/admin/tenants/{name}/{what}`: what the tenant's keys read on the account routes.
+    async fn tenant_view(&self, name: &str, what: &str, q: &Query) -> http::Response<Vec<u8>> {
+        let store = self.store.as_ref();
+        let tenant: TenantId = match view::tenant_named(store, name).await {
+            Ok(t) => t,
+            Err(e) => return error(e.http_status(), e.message()),
+        };
+        let now = now_ms();
+        let defaults = &self.config.limits;
+        let bad = |e: ApiError| error(400, &e.message);
+        let answer = match what {
+            "account" => match params::account_params(q) {
+                Ok(offset_ms) => {
+                    let held = self.accounts.view(tenant);
+                    let in_flight = InFlight {
+                        reserved: held.reserved,
+                        pending: held.unflushed,
+                        requests: held.open,
+                    };
+                    value(
+                        view::account(store, tenant, None, in_flight, defaults, offset_ms, now)
+                            .await,
+                    )
+                }
+                Err(e) => return bad(e),
+            },
+            "usage" => match UsageParams::parse(q, now) {
+                Ok(p) => value(view::usage(store, tenant, &p).await),
+                Err(e) => return bad(e),
+            },
+            "keys" => match params::list_params(q, Listing::Keys) {
+                Ok(p) => value(view::keys(store, tenant, &p, defaults).await),
+                Err(e) => return bad(e),
+            },
+            "requests" => match params::list_params(q, Listing::Requests) {
+                Ok(p) => value(view::requests(store, tenant, &p).await),
+                Err(e) => return bad(e),
+            },
+            "topups" => match params::list_params(q, Listing::TopUps) {
+                Ok(p) => value(view::top_ups(store, tenant, &p).await),
+                Err(e) => return bad(e),
+            },
+            _ => return error(404, "no such admin route"),
+        };
+        match answer {
+            Ok(v) => reply(200, v),
+            Err(e) => error(e.http_status(), e.message()),
+        }
+    }
+}
+
+fn value<T: serde::Serialize>(r: Result<T, OpsError>) -> Result<serde_json::Value, OpsError> {
+    r.and_then(|v| {
+        serde_json::to_value(v).map_err(|e| OpsError::Store(format!("cannot render: {e}")))
+    })
 }
 
 #[derive(Deserialize)]
@@ -83,39 +161,6 @@ fn reply(status: u16, body: serde_json::Value) -> http::Response<Vec<u8>> {
 
 fn error(status: u16, message: &str) -> http::Response<Vec<u8>> {
     reply(status, serde_json::json!({"error": {"message": message}}))
-}
-
-fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
-    query.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        (k == name).then_some(v)
-    })
-}
-
-fn hex(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
-}
-
-/// Decodes `%XX` and `+` in a query value.
-fn decode(v: &str) -> String {
-    let bytes = v.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut ServerSession) -> Result<T, String> {
@@ -163,8 +208,8 @@ impl ServeHttp for AdminApp {
             .path()
             .trim_end_matches('/')
             .to_owned();
-        let query = session.req_header().uri.query().unwrap_or("").to_owned();
-        let q = |name: &str| query_param(&query, name).map(decode);
+        let query = Query::parse(session.req_header().uri.query().unwrap_or(""));
+        let q = |name: &str| query.get(name).map(str::to_owned);
         let store = self.store.as_ref();
         match (method.as_str(), path.as_str()) {
             ("GET", "/admin/tenants") => result(
@@ -236,25 +281,17 @@ impl ServeHttp for AdminApp {
                 ),
                 None => error(400, "`tenant` query parameter required"),
             },
+            ("GET", p) if p.starts_with("/admin/tenants/") => {
+                let rest = &p["/admin/tenants/".len()..];
+                match rest.split_once('/') {
+                    Some((name, what)) if !name.is_empty() => {
+                        let name = crate::account::query::decode(name);
+                        self.tenant_view(&name, what, &query).await
+                    }
+                    _ => error(404, "no such admin route"),
+                }
+            }
             _ => error(404, "no such admin route"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_decoding() {
-        assert_eq!(
-            query_param("tenant=acme&from=2026-01-01", "from"),
-            Some("2026-01-01")
-        );
-        assert_eq!(decode("a%20b+c"), "a b c");
-        assert_eq!(decode("100%"), "100%");
-        assert_eq!(decode("%zz"), "%zz");
-        assert_eq!(decode("%C3%B1"), "ñ");
-        assert_eq!(decode("%ñ1"), "%ñ1");
     }
 }

@@ -9,7 +9,8 @@
 //! I/O lives at the edges (`proxy`, `store`).
 
 pub use quipu_core::{
-    ascii, config, error, h1, money, protocol, route, sse, translate, upstream_profile, usage,
+    account, ascii, config, error, h1, money, protocol, route, sse, translate, upstream_profile,
+    usage,
 };
 
 pub mod admin;
@@ -28,3 +29,4 @@ pub mod server;
 pub mod store;
 pub mod threads;
 pub mod upstream;
+pub mod web;

@@ -242,6 +242,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         in_flight: in_flight.clone(),
         life: life.clone(),
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
+        account_reads: crate::proxy::account::AccountReads::new(store.clone()),
     };
     let certs = match &config.server.tls {
         Some(files) => Some(CertStore::open(&files.cert, &files.key).map_err(|e| {
@@ -288,7 +289,12 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     server.add_service(metrics);
 
     if let Some(token) = &config.server.admin_token {
-        let admin = crate::admin::AdminApp::new(store.clone(), config.clone(), token.clone());
+        let admin = crate::admin::AdminApp::new(
+            store.clone(),
+            config.clone(),
+            token.clone(),
+            accounts.clone(),
+        );
         let mut svc = Service::new("quipu admin".into(), HttpServer::new_app(admin));
         svc.add_tcp(&config.server.admin_listen.to_string());
         svc.threads = Some(1);

@@ -19,7 +19,7 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["threads", "keys"],
     &["logger", "metrics", "store"],
-    &["ratelimit", "billing", "catalog", "http"],
+    &["ratelimit", "billing", "catalog", "http", "web"],
     &["auth", "upstream", "ops"],
     &["proxy", "admin", "config_file"],
     &["server"],
@@ -27,6 +27,7 @@ const LAYERS: &[&[&str]] = &[
 
 /// The core's modules, re-exported at the crate root: below every layer.
 const CORE: &[&str] = &[
+    "account",
     "ascii",
     "config",
     "error",

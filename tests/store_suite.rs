@@ -269,7 +269,18 @@ store_suite!(
     returning_an_idle_lease_never_races_an_admission,
     a_dry_tenant_costs_one_lease_call_not_one_per_refusal,
     a_store_down_at_shutdown_spills_and_the_import_charges_once,
+    usage_equals_the_ledger_for_any_period_and_grouping,
+    keys_requests_and_top_ups_are_paged_per_tenant,
+    the_migration_sums_an_existing_ledger,
+    usage_queries_use_indexes,
 );
+
+#[path = "store_suite/usage.rs"]
+mod usage;
+use usage::{
+    keys_requests_and_top_ups_are_paged_per_tenant, the_migration_sums_an_existing_ledger,
+    usage_equals_the_ledger_for_any_period_and_grouping, usage_queries_use_indexes,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -1248,6 +1259,47 @@ impl Store for Rigged {
     }
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> store::StoreResult<Vec<LedgerRow>> {
         self.inner.ledger_rows(tenant).await
+    }
+}
+
+#[async_trait::async_trait]
+impl store::UsageStore for Rigged {
+    async fn usage(
+        &self,
+        q: &store::usage::UsageQuery,
+    ) -> store::StoreResult<Vec<store::usage::UsageGroup>> {
+        self.inner.usage(q).await
+    }
+    async fn account(
+        &self,
+        tenant: TenantId,
+        key: Option<&str>,
+    ) -> store::StoreResult<store::usage::AccountFacts> {
+        self.inner.account(tenant, key).await
+    }
+    async fn keys_page(
+        &self,
+        tenant: TenantId,
+        after: Option<&store::usage::TimeCursor>,
+        limit: usize,
+    ) -> store::StoreResult<Vec<store::usage::KeyUsage>> {
+        self.inner.keys_page(tenant, after, limit).await
+    }
+    async fn requests_page(
+        &self,
+        tenant: TenantId,
+        before: Option<&store::usage::TimeCursor>,
+        limit: usize,
+    ) -> store::StoreResult<Vec<LedgerRow>> {
+        self.inner.requests_page(tenant, before, limit).await
+    }
+    async fn top_ups_page(
+        &self,
+        tenant: TenantId,
+        before: Option<&store::usage::TimeCursor>,
+        limit: usize,
+    ) -> store::StoreResult<Vec<store::TopUp>> {
+        self.inner.top_ups_page(tenant, before, limit).await
     }
 }
 

@@ -21,11 +21,13 @@
 //! | `topup.rs` | [`top_up`], [`parse_top_up`] |
 //! | `statement.rs` | [`statement`], [`parse_bound`] |
 //! | `import.rs` | [`import_ledger`] (`quipu ledger import`) |
+//! | `account.rs` | the tenant's own view, for `/v1/account`, `/v1/usage`, `/v1/keys`, `/v1/requests`, `/v1/topups` and their `/admin/tenants/{name}/…` twins |
 //! | `text.rs` | the text helpers they share: money (`S/ 1,234.56`), times, aligned tables |
 //!
 //! This file holds what every group shares: [`OpsError`], [`Render`] and [`Output`]. Callers
 //! use the re-exports here (`ops::create_tenant`), never the files.
 
+pub mod account;
 mod import;
 mod keys;
 mod statement;

@@ -5,7 +5,6 @@ use super::tenants::tenant_id;
 use super::text::{align_decimals, group_digits, human_time_text, rfc3339, soles_text, Table};
 use super::{OpsError, OpsResult, Render};
 use crate::store::{Store, TenantId, UnixMs};
-use chrono::{DateTime, NaiveDate};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -151,21 +150,10 @@ impl Render for StatementReport {
 
 /// Parses a statement bound: `YYYY-MM-DD` (a day in UTC) or an RFC 3339 time (exact, any
 /// offset). As `from` a day means its first instant; as `to` it means the **end** of that day,
-/// so `--from 2026-11-01 --to 2026-11-30` covers all of November.
+/// so `--from 2026-11-01 --to 2026-11-30` covers all of November. The same rule as the account
+/// API's periods (`quipu_core::account::period`).
 pub fn parse_bound(text: &str, is_end: bool) -> OpsResult<UnixMs> {
-    let t = text.trim();
-    if let Ok(day) = NaiveDate::parse_from_str(t, "%Y-%m-%d") {
-        let day = if is_end { day.succ_opt() } else { Some(day) };
-        if let Some(start) = day.and_then(|d| d.and_hms_opt(0, 0, 0)) {
-            return Ok(start.and_utc().timestamp_millis());
-        }
-    }
-    if let Ok(at) = DateTime::parse_from_rfc3339(t) {
-        return Ok(at.timestamp_millis());
-    }
-    Err(OpsError::Invalid(format!(
-        "\"{text}\" is not a date; write YYYY-MM-DD (a day in UTC) or an RFC 3339 time such as 2026-11-01T00:00:00-05:00"
-    )))
+    crate::account::period::parse_bound(text, is_end).map_err(OpsError::Invalid)
 }
 
 /// A tenant's statement over `[from, to)`; see [`parse_bound`] for the accepted dates.

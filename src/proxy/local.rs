@@ -1,6 +1,8 @@
 //! The routes the gateway answers itself, without a key: the catalog (`/v1/models`,
 //! `/v1/models/{id}`, `/v1/pricing`, `/v1/plans`, pre-rendered at start by
-//! [`crate::catalog`]), `/health`, and the answers for paths and methods no route takes.
+//! [`crate::catalog`]), `/health`, the account web page (`/account`, files compiled in by
+//! [`crate::web`]; it asks the account routes for the data itself, with the key the person
+//! signs in with), and the answers for paths and methods no route takes.
 
 use super::{Failure, Gateway, Reply};
 use crate::error::{ApiError, ErrorKind};
@@ -35,6 +37,14 @@ pub fn handle(gw: &Gateway, session: &ServerSession, route: Route) -> Reply {
                 .into(),
             }
         }
+        Route::AccountPage => match crate::web::asset(path) {
+            Some(asset) => Reply::Asset(asset),
+            None => Failure::refused_unread(ApiError::new(
+                ErrorKind::RouteNotFound,
+                format!("no file {path}; the account page is /account"),
+            ))
+            .into(),
+        },
         Route::NotFound | Route::Unrouted => Failure::refused_unread(ApiError::new(
             ErrorKind::RouteNotFound,
             format!("no route for {} {path}", header.method),
@@ -45,9 +55,17 @@ pub fn handle(gw: &Gateway, session: &ServerSession, route: Route) -> Reply {
             format!("{} is not allowed on {path}", header.method),
         ))
         .into(),
-        Route::Chat | Route::Messages | Route::CountTokens => {
-            // `serve` sends API routes to `api`; reaching here is a bug, answered as one.
-            log::error!("API route {} reached the local handler", route.as_str());
+        Route::Chat
+        | Route::Messages
+        | Route::CountTokens
+        | Route::Account
+        | Route::Usage
+        | Route::Keys
+        | Route::Requests
+        | Route::TopUps => {
+            // `serve` sends API and account routes to their handlers; reaching here is a bug,
+            // answered as one.
+            log::error!("route {} reached the local handler", route.as_str());
             Failure::new(super::Outcome::InternalError, super::internal_error()).into()
         }
     }

@@ -5,8 +5,10 @@
 //!
 //! - **read the head** with pingora's server session, and route it ([`crate::route`]);
 //! - **answer**: a handler returns a typed [`Reply`] — the catalog routes from pre-rendered
-//!   bytes ([`local`]), the API routes through [`api`] (auth → body → translate → admit →
-//!   upstream exchange in [`relay`] → translate back);
+//!   bytes and the account page from files compiled in ([`local`]), the API routes through
+//!   [`api`] (auth → body → translate → admit → upstream exchange in [`relay`] → translate
+//!   back), the account routes (the tenant's own balance and usage, read-only) through
+//!   [`account`];
 //! - **[`Gateway::conclude`]** writes what the reply says (a JSON body, or an error in the
 //!   request's format, after draining an unread body) and sets how the request ended — status,
 //!   [`Outcome`], error — in one place;
@@ -19,6 +21,7 @@
 //! and a session with cache and module state that Quipu never used. Serving the request
 //! straight from the connection loop keeps its state in the connection's future instead.
 
+pub mod account;
 pub mod api;
 mod body;
 mod count;
@@ -65,6 +68,8 @@ pub struct Gateway {
     /// Connections and requests of every route, and whether the server is draining.
     pub life: Arc<Lifecycle>,
     pub meters: Meters,
+    /// What the account routes read from (the store, a few queries at a time).
+    pub account_reads: account::AccountReads,
 }
 
 /// What a handler produced; [`Gateway::conclude`] writes it and records how the request ended.
@@ -72,6 +77,8 @@ pub struct Gateway {
 pub enum Reply {
     /// A `200` JSON body.
     Json(Bytes),
+    /// A `200` static file of the account page.
+    Asset(&'static crate::web::Asset),
     /// The handler wrote the response itself (a stream).
     Streamed(Streamed),
     /// The request failed.
@@ -195,6 +202,8 @@ impl ServeRequest for Gateway {
             .into()
         } else if route.is_api() {
             api::handle(self, &mut session, &mut ctx).await
+        } else if let Some(account_route) = route.account() {
+            account::handle(self, &session, &mut ctx, account_route).await
         } else {
             local::handle(self, &session, route)
         };
@@ -260,6 +269,10 @@ impl Gateway {
             Reply::Json(body) => {
                 ctx.ending.status = 200;
                 respond::json(session, &ctx.request_id, 200, body).await
+            }
+            Reply::Asset(asset) => {
+                ctx.ending.status = 200;
+                respond::asset(session, &ctx.request_id, asset).await
             }
             Reply::Streamed(s) => {
                 ctx.ending.status = s.status;

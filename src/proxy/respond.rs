@@ -109,3 +109,40 @@ pub async fn stream_header(session: &mut ServerSession, request_id: &str) -> pin
     h.insert_header("transfer-encoding", HeaderValue::from_static("chunked"))?;
     session.write_response_header(Box::new(h)).await
 }
+
+/// The account page's security headers: nothing but this origin's own files may load or be
+/// fetched, no inline script or style, no framing, no referrer.
+pub const PAGE_CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+     img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; \
+     frame-ancestors 'none'; object-src 'none'";
+
+/// Writes a static file of the account page, with its type and [`PAGE_CSP`]; revalidated on
+/// every load (`no-cache`), so a new binary's page is seen at once.
+pub async fn asset(
+    session: &mut ServerSession,
+    request_id: &str,
+    asset: &crate::web::Asset,
+) -> pingora::Result<()> {
+    let head_only = session.req_header().method == http::Method::HEAD;
+    let mut h = base_header(200, request_id, 8)?;
+    h.insert_header("content-type", HeaderValue::from_static(asset.content_type))?;
+    h.insert_header("content-length", HeaderValue::from(asset.body.len()))?;
+    h.insert_header("cache-control", HeaderValue::from_static("no-cache"))?;
+    h.insert_header(
+        "content-security-policy",
+        HeaderValue::from_static(PAGE_CSP),
+    )?;
+    h.insert_header(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    )?;
+    h.insert_header("x-frame-options", HeaderValue::from_static("DENY"))?;
+    h.insert_header("referrer-policy", HeaderValue::from_static("no-referrer"))?;
+    session.write_response_header(Box::new(h)).await?;
+    if !head_only {
+        session
+            .write_response_body(Bytes::from_static(asset.body), true)
+            .await?;
+    }
+    Ok(())
+}

@@ -25,6 +25,12 @@
 //! two replicas can never spend the same sol. Recording a request's charge reduces both the
 //! balance and the recording replica's lease. Leases carry a heartbeat; a replica that died
 //! holding one loses it after a timeout.
+//!
+//! ## Usage
+//!
+//! What tenants read of their own money (usage by day, model or key; their keys' spend; their
+//! requests and top-ups) comes from roll-ups that `record` keeps in the same transaction as the
+//! ledger rows: see [`usage`].
 
 pub mod columns;
 pub mod postgres;
@@ -32,6 +38,9 @@ mod rows;
 pub mod schema;
 mod sql_money;
 pub mod sqlite;
+pub mod usage;
+
+pub use usage::UsageStore;
 
 use crate::config::redact_url;
 use crate::money::Pen;
@@ -241,8 +250,10 @@ impl std::error::Error for StoreError {}
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// The store. Its account-API reads are the supertrait [`UsageStore`] (`usage`), which every
+/// backend implements beside this.
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: UsageStore + Send + Sync {
     /// `sqlite` or `postgres`.
     fn kind(&self) -> &'static str;
 

@@ -25,6 +25,8 @@
 //!
 //! **Cheap polls.** `keys_version` is one primary-key lookup with no parameters, sent as a
 //! simple query on a pooled connection: one round trip.
+//!
+//! The account API's reads, and the roll-ups `record` keeps for them, are in `usage`.
 
 use super::columns::{names, pg_placeholders, unnest, LEDGER_COLUMNS, REJECT_COLUMNS};
 use super::rows::{
@@ -33,6 +35,7 @@ use super::rows::{
     RawLedgerRow, Taken,
 };
 use super::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
+use super::usage::{rollup, RollupRow};
 use super::{
     now_ms, schema, ActiveKey, Balance, KeyInfo, LeaseGrant, LedgerRow, ModelTotals, NewKey,
     RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId, TenantSummary, TopUp,
@@ -251,6 +254,9 @@ macro_rules! with_retry {
         }
     }};
 }
+
+/// The account API's reads and the roll-ups `record` keeps (after `with_retry!`, which it uses).
+pub mod usage;
 
 impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/db`, or any form
@@ -690,7 +696,8 @@ static INSERT_LEDGER_ROWS: LazyLock<String> = LazyLock::new(|| {
         "INSERT INTO ledger (kind, {cols})
          SELECT 'request', {cols} FROM {unnest}
          ON CONFLICT (entry_id) DO NOTHING
-         RETURNING tenant_id, delta",
+         RETURNING tenant_id, delta, at, key_id, model, input_tokens, cached_tokens,
+                   output_tokens",
         cols = names(LEDGER_COLUMNS),
         unnest = unnest(LEDGER_COLUMNS, "u"),
     )
@@ -722,6 +729,21 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
         let delta: i64 = r.try_get(1)?;
         *charged.entry(tenant).or_default() += -Pen::from_picos(i128::from(delta));
     }
+    let mut new_rows = Vec::with_capacity(inserted.len());
+    for r in &inserted {
+        let delta: i64 = r.try_get(1)?;
+        new_rows.push(RollupRow {
+            tenant_id: r.try_get(0)?,
+            at: r.try_get(2)?,
+            key_id: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
+            model: r.try_get::<_, Option<String>>(4)?.unwrap_or_default(),
+            input: r.try_get::<_, Option<i64>>(5)?.unwrap_or(0),
+            cached: r.try_get::<_, Option<i64>>(6)?.unwrap_or(0),
+            output: r.try_get::<_, Option<i64>>(7)?.unwrap_or(0),
+            charge: -i128::from(delta),
+        });
+    }
+    usage::add_rollup(&tx, &rollup(new_rows)).await?;
     charged.retain(|_, c| *c != Pen::ZERO);
     if !charged.is_empty() {
         let ids: Vec<i64> = charged.keys().copied().collect();

@@ -17,6 +17,17 @@
 //! `input_tokens` is the gateway's estimate because the upstream reported none), and the
 //! `ledger_rejects` table.
 //!
+//! Migration 3 added what the account API reads (see `usage`): `usage_hourly`, the ledger's
+//! request rows summed per (tenant, UTC hour, key, model), and `key_usage`, summed per (tenant,
+//! key) with the last request's time. Both are written in the same transaction as the rows they
+//! sum (`record`), and were filled from the ledger by the migration. The ledger's
+//! `(tenant_id, at)` index became `(tenant_id, kind, at, entry_id)`: a tenant's requests or
+//! top-ups in time order, newest first as cheaply, and the partial hours at a period's ends.
+//! `api_keys` gained `(tenant_id, created_at, id)` for the tenant's keys in order. Sums of
+//! tokens and money may pass i64: PostgreSQL keeps them in `NUMERIC`; SQLite in two integer
+//! columns, `x_hi * 2^32 + x_lo` with `0 <= x_lo < 2^32` (each addition carries, see
+//! `usage`), which no real total can overflow.
+//!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
 //! Migrations are numbered from 1 and applied in order at open, each in the same transaction
@@ -115,6 +126,77 @@ CREATE TABLE ledger_rejects (
 ) STRICT;
 "#,
     ),
+    (
+        3,
+        r#"
+DROP INDEX ledger_by_tenant_at;
+CREATE INDEX ledger_by_tenant_kind_at ON ledger (tenant_id, kind, at, entry_id);
+CREATE INDEX api_keys_by_tenant_created ON api_keys (tenant_id, created_at, id);
+
+CREATE TABLE usage_hourly (
+    tenant_id  INTEGER NOT NULL,
+    hour       INTEGER NOT NULL,
+    key_id     TEXT    NOT NULL,
+    model      TEXT    NOT NULL,
+    requests   INTEGER NOT NULL CHECK (requests >= 0),
+    input_hi   INTEGER NOT NULL CHECK (input_hi >= 0),
+    input_lo   INTEGER NOT NULL CHECK (input_lo BETWEEN 0 AND 4294967295),
+    cached_hi  INTEGER NOT NULL CHECK (cached_hi >= 0),
+    cached_lo  INTEGER NOT NULL CHECK (cached_lo BETWEEN 0 AND 4294967295),
+    output_hi  INTEGER NOT NULL CHECK (output_hi >= 0),
+    output_lo  INTEGER NOT NULL CHECK (output_lo BETWEEN 0 AND 4294967295),
+    charge_hi  INTEGER NOT NULL CHECK (charge_hi >= 0),
+    charge_lo  INTEGER NOT NULL CHECK (charge_lo BETWEEN 0 AND 4294967295),
+    PRIMARY KEY (tenant_id, hour, key_id, model)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE key_usage (
+    tenant_id  INTEGER NOT NULL,
+    key_id     TEXT    NOT NULL,
+    requests   INTEGER NOT NULL CHECK (requests >= 0),
+    input_hi   INTEGER NOT NULL CHECK (input_hi >= 0),
+    input_lo   INTEGER NOT NULL CHECK (input_lo BETWEEN 0 AND 4294967295),
+    cached_hi  INTEGER NOT NULL CHECK (cached_hi >= 0),
+    cached_lo  INTEGER NOT NULL CHECK (cached_lo BETWEEN 0 AND 4294967295),
+    output_hi  INTEGER NOT NULL CHECK (output_hi >= 0),
+    output_lo  INTEGER NOT NULL CHECK (output_lo BETWEEN 0 AND 4294967295),
+    charge_hi  INTEGER NOT NULL CHECK (charge_hi >= 0),
+    charge_lo  INTEGER NOT NULL CHECK (charge_lo BETWEEN 0 AND 4294967295),
+    last_at    INTEGER NOT NULL,
+    PRIMARY KEY (tenant_id, key_id)
+) STRICT, WITHOUT ROWID;
+
+INSERT INTO usage_hourly
+SELECT tenant_id, hour, key_id, model, n,
+       ih + il / 4294967296, il % 4294967296, ch + cl / 4294967296, cl % 4294967296,
+       oh + ol / 4294967296, ol % 4294967296, mh + ml / 4294967296, ml % 4294967296
+  FROM (SELECT tenant_id, at - ((at % 3600000) + 3600000) % 3600000 AS hour,
+               COALESCE(key_id, '') AS key_id, COALESCE(model, '') AS model, COUNT(*) AS n,
+               SUM(COALESCE(input_tokens, 0) / 4294967296) AS ih,
+               SUM(COALESCE(input_tokens, 0) % 4294967296) AS il,
+               SUM(COALESCE(cached_tokens, 0) / 4294967296) AS ch,
+               SUM(COALESCE(cached_tokens, 0) % 4294967296) AS cl,
+               SUM(COALESCE(output_tokens, 0) / 4294967296) AS oh,
+               SUM(COALESCE(output_tokens, 0) % 4294967296) AS ol,
+               SUM((-delta) / 4294967296) AS mh, SUM((-delta) % 4294967296) AS ml
+          FROM ledger WHERE kind = 'request' GROUP BY 1, 2, 3, 4);
+
+INSERT INTO key_usage
+SELECT tenant_id, key_id, n,
+       ih + il / 4294967296, il % 4294967296, ch + cl / 4294967296, cl % 4294967296,
+       oh + ol / 4294967296, ol % 4294967296, mh + ml / 4294967296, ml % 4294967296, last_at
+  FROM (SELECT tenant_id, COALESCE(key_id, '') AS key_id, COUNT(*) AS n,
+               SUM(COALESCE(input_tokens, 0) / 4294967296) AS ih,
+               SUM(COALESCE(input_tokens, 0) % 4294967296) AS il,
+               SUM(COALESCE(cached_tokens, 0) / 4294967296) AS ch,
+               SUM(COALESCE(cached_tokens, 0) % 4294967296) AS cl,
+               SUM(COALESCE(output_tokens, 0) / 4294967296) AS oh,
+               SUM(COALESCE(output_tokens, 0) % 4294967296) AS ol,
+               SUM((-delta) / 4294967296) AS mh, SUM((-delta) % 4294967296) AS ml,
+               MAX(at) AS last_at
+          FROM ledger WHERE kind = 'request' GROUP BY 1, 2);
+"#,
+    ),
 ];
 
 /// PostgreSQL migrations, `(version, SQL)`; the same logical schema as [`SQLITE_MIGRATIONS`].
@@ -187,6 +269,50 @@ CREATE TABLE ledger_rejects (
     reason       TEXT    NOT NULL,
     rejected_at  BIGINT  NOT NULL
 );
+"#,
+    ),
+    (
+        3,
+        r#"
+DROP INDEX ledger_by_tenant_at;
+CREATE INDEX ledger_by_tenant_kind_at ON ledger (tenant_id, kind, at, entry_id);
+CREATE INDEX api_keys_by_tenant_created ON api_keys (tenant_id, created_at, id);
+
+CREATE TABLE usage_hourly (
+    tenant_id      BIGINT        NOT NULL,
+    hour           BIGINT        NOT NULL,
+    key_id         TEXT          NOT NULL,
+    model          TEXT          NOT NULL,
+    requests       BIGINT        NOT NULL CHECK (requests >= 0),
+    input_tokens   NUMERIC(30,0) NOT NULL CHECK (input_tokens >= 0),
+    cached_tokens  NUMERIC(30,0) NOT NULL CHECK (cached_tokens >= 0),
+    output_tokens  NUMERIC(30,0) NOT NULL CHECK (output_tokens >= 0),
+    charge         NUMERIC(40,0) NOT NULL CHECK (charge >= 0),
+    PRIMARY KEY (tenant_id, hour, key_id, model)
+);
+
+CREATE TABLE key_usage (
+    tenant_id      BIGINT        NOT NULL,
+    key_id         TEXT          NOT NULL,
+    requests       BIGINT        NOT NULL CHECK (requests >= 0),
+    input_tokens   NUMERIC(30,0) NOT NULL CHECK (input_tokens >= 0),
+    cached_tokens  NUMERIC(30,0) NOT NULL CHECK (cached_tokens >= 0),
+    output_tokens  NUMERIC(30,0) NOT NULL CHECK (output_tokens >= 0),
+    charge         NUMERIC(40,0) NOT NULL CHECK (charge >= 0),
+    last_at        BIGINT        NOT NULL,
+    PRIMARY KEY (tenant_id, key_id)
+);
+
+INSERT INTO usage_hourly
+SELECT tenant_id, at - ((at % 3600000) + 3600000) % 3600000, COALESCE(key_id, ''),
+       COALESCE(model, ''), COUNT(*), COALESCE(SUM(input_tokens), 0),
+       COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(output_tokens), 0), -SUM(delta)
+  FROM ledger WHERE kind = 'request' GROUP BY 1, 2, 3, 4;
+
+INSERT INTO key_usage
+SELECT tenant_id, COALESCE(key_id, ''), COUNT(*), COALESCE(SUM(input_tokens), 0),
+       COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(output_tokens), 0), -SUM(delta), MAX(at)
+  FROM ledger WHERE kind = 'request' GROUP BY 1, 2;
 "#,
     ),
 ];

@@ -21,6 +21,8 @@
 //! Money follows `sql_money`: ledger deltas are INTEGER pico-soles; balances and leases are
 //! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
 //! sums use split halves so they can neither overflow nor become floats.
+//!
+//! The account API's reads, and the roll-ups `record` keeps for them, are in `usage`.
 
 use super::columns::{names, sqlite_placeholders, LEDGER_COLUMNS, REJECT_COLUMNS};
 use super::rows::{
@@ -31,6 +33,7 @@ use super::rows::{
 use super::sql_money::{
     i128_to_u64, i64_to_u64, pen_from_text, pen_to_text, recombine, sqlite_split_sum,
 };
+use super::usage::{rollup, RollupRow};
 use super::{
     now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow, ModelTotals,
     NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId,
@@ -44,6 +47,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
+
+pub mod usage;
 
 /// How long a writer waits for another process's write transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -666,6 +671,7 @@ impl Store for SqliteStore {
                 }
             }
             let mut inserted = 0u64;
+            let mut new_rows = Vec::with_capacity(rows.len());
             {
                 let mut stmt = tx.prepare_cached(&INSERT_LEDGER_ROW).map_err(sql_err)?;
                 // A batch holds a write transaction for milliseconds of CPU on a thread that
@@ -680,12 +686,14 @@ impl Store for SqliteStore {
                         .map_err(sql_err)?;
                     if n == 1 {
                         inserted += 1;
+                        new_rows.push(RollupRow::from(row));
                         if let Some(t) = tenants.get_mut(&row.tenant_id) {
                             t.1 += row.charge();
                         }
                     }
                 }
             }
+            usage::add_rollup(&tx, &rollup(new_rows))?;
             for (tenant, (balance, charged)) in &tenants {
                 if *charged == Pen::ZERO {
                     continue;

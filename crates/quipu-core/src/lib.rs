@@ -1,6 +1,8 @@
 //! Quipu's protocol core: everything about the wire formats and money that needs no I/O.
 //!
 //! - [`config`]: the validated configuration (`conf/quipu.toml`).
+//! - [`account`]: the tenant's own view of its money: query strings, periods and pages of
+//!   `/v1/account`, `/v1/usage`, `/v1/keys`, `/v1/requests`, `/v1/topups`.
 //! - [`error`]: one client-visible error type, rendered in either client format.
 //! - [`money`]: exact amounts in soles (pico-soles in an `i128`) and rates.
 //! - [`billing`]: billing policy — what a request reserves, how it settles, price rules.
@@ -21,6 +23,7 @@
 // `deny` so that the allocation-counting bench can opt out; the library itself must not.
 #![forbid(unsafe_code)]
 
+pub mod account;
 pub mod ascii;
 pub mod billing;
 pub mod config;

@@ -4,6 +4,12 @@
 //! its handler in `src/proxy/` (the compiler then points at every `match` that must say what
 //! the new route does). Tables indexed by route are sized by [`Route::COUNT`], derived from the
 //! variants, so they grow with the enum.
+//!
+//! Routes fall in three kinds, each sorted by one exhaustive `match`: the **API** routes
+//! ([`Route::api`]: a key, a body, translated, admitted and metered), the **account** routes
+//! ([`Route::account`]: a key, read-only, never metered or billed — the tenant's own balance,
+//! usage, keys and history) and the rest, which the gateway answers without a key (the catalog,
+//! health, the account web page, and 404/405).
 
 use crate::error::ClientFormat;
 use strum::{EnumCount, IntoStaticStr};
@@ -21,6 +27,18 @@ pub enum Route {
     Pricing,
     Plans,
     Health,
+    /// `GET /v1/account`: the caller's tenant, balance, limits and spend.
+    Account,
+    /// `GET /v1/usage`: requests, tokens and charges over a period, grouped.
+    Usage,
+    /// `GET /v1/keys`: the tenant's keys, with their spend.
+    Keys,
+    /// `GET /v1/requests`: the tenant's requests, newest first.
+    Requests,
+    /// `GET /v1/topups`: the tenant's top-ups, newest first.
+    TopUps,
+    /// `GET /account` and its assets: the web page that shows the account routes.
+    AccountPage,
     NotFound,
     MethodNotAllowed,
 }
@@ -52,6 +70,35 @@ impl Route {
             | Route::Pricing
             | Route::Plans
             | Route::Health
+            | Route::Account
+            | Route::Usage
+            | Route::Keys
+            | Route::Requests
+            | Route::TopUps
+            | Route::AccountPage
+            | Route::NotFound
+            | Route::MethodNotAllowed => None,
+        }
+    }
+
+    /// The account route this is (a key, read-only, not metered), or `None`.
+    pub fn account(self) -> Option<AccountRoute> {
+        match self {
+            Route::Account => Some(AccountRoute::Account),
+            Route::Usage => Some(AccountRoute::Usage),
+            Route::Keys => Some(AccountRoute::Keys),
+            Route::Requests => Some(AccountRoute::Requests),
+            Route::TopUps => Some(AccountRoute::TopUps),
+            Route::Unrouted
+            | Route::Chat
+            | Route::Messages
+            | Route::CountTokens
+            | Route::Models
+            | Route::Model
+            | Route::Pricing
+            | Route::Plans
+            | Route::Health
+            | Route::AccountPage
             | Route::NotFound
             | Route::MethodNotAllowed => None,
         }
@@ -65,9 +112,35 @@ impl Route {
     /// The format of a request on this route: its body, its errors and its stream. Routes that
     /// belong to no format answer in the one their path suggests ([`format_for_path`]).
     pub fn format(self, path: &str) -> ClientFormat {
-        match self.api() {
-            Some(api) => api.format(),
-            None => format_for_path(path),
+        match (self.api(), self.account()) {
+            (Some(api), _) => api.format(),
+            (None, Some(account)) => account.format(),
+            (None, None) => format_for_path(path),
+        }
+    }
+}
+
+/// The account routes: the caller's key names the tenant whose money they show; read-only,
+/// never metered or billed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountRoute {
+    Account,
+    Usage,
+    Keys,
+    Requests,
+    TopUps,
+}
+
+impl AccountRoute {
+    /// They belong to no client format: errors come in the chat shape, like other `/v1`
+    /// routes of no format.
+    pub fn format(self) -> ClientFormat {
+        match self {
+            AccountRoute::Account
+            | AccountRoute::Usage
+            | AccountRoute::Keys
+            | AccountRoute::Requests
+            | AccountRoute::TopUps => ClientFormat::Chat,
         }
     }
 }
@@ -108,6 +181,13 @@ pub fn route(method: &http::Method, path: &str) -> Route {
         "/v1/pricing" => want(get, Route::Pricing),
         "/v1/plans" => want(get, Route::Plans),
         "/health" | "/healthz" => want(get, Route::Health),
+        "/v1/account" => want(get, Route::Account),
+        "/v1/usage" => want(get, Route::Usage),
+        "/v1/keys" => want(get, Route::Keys),
+        "/v1/requests" => want(get, Route::Requests),
+        "/v1/topups" => want(get, Route::TopUps),
+        "/account" => want(get, Route::AccountPage),
+        p if p.starts_with("/account/") => want(get, Route::AccountPage),
         p if p.starts_with("/v1/models/") && p.len() > "/v1/models/".len() => {
             want(get, Route::Model)
         }
@@ -165,6 +245,12 @@ mod tests {
             Route::Pricing => Some((Method::GET, "/v1/pricing")),
             Route::Plans => Some((Method::GET, "/v1/plans")),
             Route::Health => Some((Method::GET, "/health")),
+            Route::Account => Some((Method::GET, "/v1/account")),
+            Route::Usage => Some((Method::GET, "/v1/usage?group_by=day")),
+            Route::Keys => Some((Method::GET, "/v1/keys")),
+            Route::Requests => Some((Method::GET, "/v1/requests?limit=5")),
+            Route::TopUps => Some((Method::GET, "/v1/topups")),
+            Route::AccountPage => Some((Method::GET, "/account/app.js")),
             Route::NotFound => Some((Method::GET, "/nowhere")),
             Route::MethodNotAllowed => Some((Method::DELETE, "/v1/models")),
             // Only before routing.
@@ -188,5 +274,25 @@ mod tests {
         assert_eq!(Route::MethodNotAllowed.as_str(), "method_not_allowed");
         assert_eq!(Route::Unrouted.as_str(), "unrouted");
         assert_eq!(Route::COUNT, Route::MethodNotAllowed.index() + 1);
+    }
+
+    #[test]
+    fn account_routes_are_read_with_a_key_and_never_metered() {
+        use strum::IntoEnumIterator;
+        for r in Route::iter() {
+            assert!(
+                !(r.api().is_some() && r.account().is_some()),
+                "{r:?} is both an API and an account route"
+            );
+        }
+        assert_eq!(Route::Usage.account(), Some(AccountRoute::Usage));
+        assert!(!Route::Usage.is_api());
+        assert_eq!(Route::TopUps.format("/v1/topups"), ClientFormat::Chat);
+        assert_eq!(route(&Method::POST, "/v1/account"), Route::MethodNotAllowed);
+        assert_eq!(route(&Method::HEAD, "/v1/usage"), Route::Usage);
+        assert_eq!(route(&Method::GET, "/account/"), Route::AccountPage);
+        assert_eq!(route(&Method::GET, "/account"), Route::AccountPage);
+        assert_eq!(route(&Method::GET, "/accounts"), Route::NotFound);
+        assert_eq!(Route::AccountPage.account(), None);
     }
 }
