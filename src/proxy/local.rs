@@ -45,7 +45,12 @@ pub fn handle(gw: &Gateway, session: &ServerSession, route: Route) -> Reply {
             format!("{} is not allowed on {path}", header.method),
         ))
         .into(),
-        Route::Chat | Route::Messages | Route::CountTokens => {
+        Route::Chat
+        | Route::Messages
+        | Route::CountTokens
+        | Route::Responses
+        | Route::Response
+        | Route::ResponseInputItems => {
             // `serve` sends API routes to `api`; reaching here is a bug, answered as one.
             log::error!("API route {} reached the local handler", route.as_str());
             Failure::new(super::Outcome::InternalError, super::internal_error()).into()

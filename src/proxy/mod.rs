@@ -27,6 +27,7 @@ mod local;
 mod observe;
 pub mod relay;
 pub mod respond;
+pub mod responses;
 pub mod settle;
 mod stream;
 
@@ -65,6 +66,8 @@ pub struct Gateway {
     /// Connections and requests of every route, and whether the server is draining.
     pub life: Arc<Lifecycle>,
     pub meters: Meters,
+    /// The Responses API's stored responses (`store: true`).
+    pub responses: Arc<responses::StoredResponses>,
 }
 
 /// What a handler produced; [`Gateway::conclude`] writes it and records how the request ended.
@@ -200,6 +203,11 @@ impl ServeRequest for Gateway {
         };
         let reusable = self.conclude(&mut session, &mut ctx, reply).await;
         self.finish(&mut ctx);
+        if let Some(write) = responses::write_finished(self, &mut ctx) {
+            // After the response's last byte, before the connection's next request: a
+            // conversation continued on this connection finds it (see `responses`).
+            let _ = tokio::time::timeout(responses::WRITE_WAIT, write).await;
+        }
         let cancelled = ctx.ending.outcome == Outcome::ClientDisconnected;
         if cancelled {
             // A response cut short must not look complete: on HTTP/2, `finish` would end the

@@ -10,12 +10,24 @@
 //! | `api_keys` | public id, tenant, label, `secret_sha256` (unique; never the secret), the secret's display prefix, created/revoked times, per-key rpm/tpm limits (NULL = configured default) |
 //! | `ledger` | the one money journal: `entry_id` (primary key: request id or top-up id), `kind` (`request` \| `topup`), tenant, `at`, signed `delta` in i64 pico-soles; request entries also carry key id, model, format, tokens, status, HTTP status; top-ups a note. Indexed by (tenant, at) for statements. |
 //! | `leases` | (tenant, replica) → leased amount (exact pico-soles) and `heartbeat_at` |
+//! | `responses` | stored responses of the Responses API: id, tenant, key id, model, created_at, the response object, its conversation's input items, size (migration 4) |
 //! | `ledger_rejects` | the dead-letter table: request rows `record` refused as invalid (request id, tenant, the row as JSON, why, when), so one bad row cannot stop the rows behind it |
 //!
 //! Migration 2 added to `ledger` `unbilled` (i64 pico-soles a request's tokens cost beyond its
 //! reservation, which caps the charge; not in `delta`) and `input_estimated` (1 when
 //! `input_tokens` is the gateway's estimate because the upstream reported none), and the
 //! `ledger_rejects` table.
+//!
+//! Migration 3 belongs to the tenant account API (branch `account`); until it is merged, this
+//! branch carries an empty placeholder under its number so the list stays contiguous — the
+//! merge replaces the placeholder by the real migration (a database migrated by this branch
+//! alone is a development database; do not keep one).
+//!
+//! Migration 4 added `responses`: the Responses API's stored responses (`store: true`) — id
+//! (`resp_…`, primary key), tenant, key id, model slug, `created_at`, the response object and
+//! the conversation's input items (JSON text, exactly as served), and their `size` in bytes;
+//! indexed by (tenant, created_at) for the per-tenant cap and by created_at for the retention
+//! (see `responses`).
 //!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
@@ -115,6 +127,29 @@ CREATE TABLE ledger_rejects (
 ) STRICT;
 "#,
     ),
+    (
+        3,
+        r#"
+-- Reserved for the tenant account API's migration (branch account): replaced on merge.
+"#,
+    ),
+    (
+        4,
+        r#"
+CREATE TABLE responses (
+    id           TEXT    PRIMARY KEY,
+    tenant_id    INTEGER NOT NULL REFERENCES tenants(id),
+    key_id       TEXT    NOT NULL,
+    model        TEXT    NOT NULL,
+    created_at   INTEGER NOT NULL,
+    response     TEXT    NOT NULL,
+    input_items  TEXT    NOT NULL,
+    size         INTEGER NOT NULL CHECK (size >= 0)
+) STRICT;
+CREATE INDEX responses_by_tenant ON responses (tenant_id, created_at);
+CREATE INDEX responses_by_age ON responses (created_at);
+"#,
+    ),
 ];
 
 /// PostgreSQL migrations, `(version, SQL)`; the same logical schema as [`SQLITE_MIGRATIONS`].
@@ -187,6 +222,29 @@ CREATE TABLE ledger_rejects (
     reason       TEXT    NOT NULL,
     rejected_at  BIGINT  NOT NULL
 );
+"#,
+    ),
+    (
+        3,
+        r#"
+-- Reserved for the tenant account API's migration (branch account): replaced on merge.
+"#,
+    ),
+    (
+        4,
+        r#"
+CREATE TABLE responses (
+    id           TEXT    PRIMARY KEY,
+    tenant_id    BIGINT  NOT NULL REFERENCES tenants(id),
+    key_id       TEXT    NOT NULL,
+    model        TEXT    NOT NULL,
+    created_at   BIGINT  NOT NULL,
+    response     TEXT    NOT NULL,
+    input_items  TEXT    NOT NULL,
+    size         BIGINT  NOT NULL CHECK (size >= 0)
+);
+CREATE INDEX responses_by_tenant ON responses (tenant_id, created_at);
+CREATE INDEX responses_by_age ON responses (created_at);
 "#,
     ),
 ];
