@@ -19,7 +19,8 @@ if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
   command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
   # Debian's python3 cannot make a venv without python3-venv (ensurepip).
   python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
-  # Claude Code's integration test installs the CLI with npm (scripts/deps-claude-code.sh).
+  # The Claude Code and Codex integration tests install their CLIs with npm
+  # (scripts/deps-claude-code.sh, scripts/deps-codex.sh).
   command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 fi
 
