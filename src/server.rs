@@ -246,11 +246,11 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         in_flight: in_flight.clone(),
         life: life.clone(),
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
-        responses: Arc::new(crate::proxy::responses::StoredResponses::new(
+        responses: crate::proxy::responses::StoredResponses::start(
             store.clone(),
-            billing_rt.handle().clone(),
+            billing_rt.handle(),
             config.responses.max_queued_bytes,
-        )),
+        ),
     };
     let certs = match &config.server.tls {
         Some(files) => Some(CertStore::open(&files.cert, &files.key).map_err(|e| {

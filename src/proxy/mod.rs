@@ -203,11 +203,7 @@ impl ServeRequest for Gateway {
         };
         let reusable = self.conclude(&mut session, &mut ctx, reply).await;
         self.finish(&mut ctx);
-        if let Some(write) = responses::write_finished(self, &mut ctx) {
-            // After the response's last byte, before the connection's next request: a
-            // conversation continued on this connection finds it (see `responses`).
-            let _ = tokio::time::timeout(responses::WRITE_WAIT, write).await;
-        }
+        responses::write_finished(self, &mut ctx);
         let cancelled = ctx.ending.outcome == Outcome::ClientDisconnected;
         if cancelled {
             // A response cut short must not look complete: on HTTP/2, `finish` would end the

@@ -8,19 +8,19 @@
 //!   id and another tenant's are the same 404, which leaks nothing. What the response
 //!   translators need beyond the chat formats' context is kept in [`Turn`], on the request's
 //!   context.
-//! - **Stored.** A stored response is written after the response's last byte has gone to the
-//!   client ([`write_finished`], from `serve`), on the billing runtime; `serve` waits for it
-//!   (bounded by [`WRITE_WAIT`]) before reading the connection's next request, so a client
-//!   continuing the conversation on the same connection finds it. Responses waiting for the
-//!   store are bounded in bytes (`responses.max_queued_mib`): beyond, a response is not stored
-//!   (logged). A failed response is not stored.
+//! - **Stored.** A finished response is queued for the store after its last byte went out
+//!   ([`write_finished`], from `serve`) and kept in memory until the writer (a task of the
+//!   billing runtime, like the ledger's) has stored it, in batches of one transaction: a
+//!   conversation continued at once reads it from there. Responses waiting for the store are
+//!   bounded in bytes (`responses.max_queued_mib`): beyond, a response is not stored (logged).
+//!   A failed response is not stored; a batch the store refuses is logged and dropped.
 //! - **Read and delete** name the caller's tenant in every query; they reach no upstream and
 //!   bill nothing.
 
 use super::{Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::error::{ApiError, ErrorKind};
 use crate::route::{stored_response_path, ApiRoute};
-use crate::store::{now_ms, Store, StoredResponse};
+use crate::store::{now_ms, Store, StoreError, StoredResponse, TenantId};
 use crate::translate::responses::request::{parse_request, responses_to_upstream, Prior};
 use crate::translate::responses::stored::{deleted, list_input_items, normalize_items, ListQuery};
 use crate::translate::responses::{
@@ -28,14 +28,12 @@ use crate::translate::responses::{
 };
 use crate::translate::{ResponseContext, UpstreamRequest};
 use bytes::Bytes;
+use parking_lot::Mutex;
 use pingora::protocols::http::ServerSession;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How long `serve` waits for a finished response's write before reading the connection's
-/// next request (the write goes on if it takes longer).
-pub const WRITE_WAIT: Duration = Duration::from_secs(5);
+use tokio::sync::mpsc;
 
 /// What a Responses API request carries beyond an [`UpstreamRequest`], from translation to
 /// the store.
@@ -67,24 +65,100 @@ impl Turn {
     }
 }
 
+/// Most responses the writer stores in one transaction.
+const WRITE_BATCH: usize = 256;
+
 /// The store of responses, and what is waiting for it.
 pub struct StoredResponses {
     store: Arc<dyn Store>,
-    /// Where writes run (the billing runtime).
-    rt: tokio::runtime::Handle,
     /// Bytes of responses waiting for the store.
     queued: AtomicUsize,
     max_queued: usize,
+    /// Finished responses the writer has not stored yet, by id: what `previous_response_id`
+    /// and the stored-response routes read first, so a conversation continued at once finds
+    /// its previous turn.
+    pending: Mutex<HashMap<String, Arc<StoredResponse>>>,
+    queue: mpsc::UnboundedSender<Arc<StoredResponse>>,
 }
 
 impl StoredResponses {
-    pub fn new(store: Arc<dyn Store>, rt: tokio::runtime::Handle, max_queued: usize) -> Self {
-        StoredResponses {
+    /// Starts the writer on `rt` (the billing runtime).
+    pub fn start(
+        store: Arc<dyn Store>,
+        rt: &tokio::runtime::Handle,
+        max_queued: usize,
+    ) -> Arc<Self> {
+        let (queue, rx) = mpsc::unbounded_channel();
+        let this = Arc::new(StoredResponses {
             store,
-            rt,
             queued: AtomicUsize::new(0),
             max_queued,
+            pending: Mutex::new(HashMap::new()),
+            queue,
+        });
+        rt.spawn(writer(Arc::clone(&this), rx));
+        this
+    }
+
+    /// The stored response `id` of `tenant` (waiting for the store, or stored).
+    async fn get(
+        &self,
+        tenant: TenantId,
+        id: &str,
+    ) -> Result<Option<Arc<StoredResponse>>, StoreError> {
+        let waiting = self
+            .pending
+            .lock()
+            .get(id)
+            .filter(|r| r.tenant_id == tenant)
+            .cloned();
+        if waiting.is_some() {
+            return Ok(waiting);
         }
+        Ok(self.store.get_response(tenant, id).await?.map(Arc::new))
+    }
+
+    /// Deletes the stored response `id` of `tenant`; whether there was one.
+    async fn delete(&self, tenant: TenantId, id: &str) -> Result<bool, StoreError> {
+        let waiting = {
+            let mut pending = self.pending.lock();
+            match pending.get(id) {
+                Some(r) if r.tenant_id == tenant => pending.remove(id).is_some(),
+                _ => false,
+            }
+        };
+        let stored = self.store.delete_response(tenant, id).await?;
+        Ok(waiting || stored)
+    }
+}
+
+/// Stores queued responses, up to [`WRITE_BATCH`] per transaction. A response deleted while
+/// its batch was being written (no longer pending when the write ends) is deleted again. A
+/// batch the store refuses is logged and dropped: stored responses are a convenience the
+/// store's outage may cost, never a charge.
+async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<StoredResponse>>) {
+    let mut batch: Vec<Arc<StoredResponse>> = Vec::with_capacity(WRITE_BATCH);
+    while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
+        let rows: Vec<StoredResponse> = batch.iter().map(|r| StoredResponse::clone(r)).collect();
+        let bytes: u64 = rows.iter().map(StoredResponse::size).sum();
+        if let Err(e) = this.store.put_responses(&rows).await {
+            log::error!("{} stored responses not written: {e}", rows.len());
+        }
+        let deleted: Vec<(TenantId, String)> = {
+            let mut pending = this.pending.lock();
+            rows.iter()
+                .filter(|r| pending.remove(&r.id).is_none())
+                .map(|r| (r.tenant_id, r.id.clone()))
+                .collect()
+        };
+        for (tenant, id) in deleted {
+            if let Err(e) = this.store.delete_response(tenant, &id).await {
+                log::error!("stored response {id}, deleted while written, not deleted: {e}");
+            }
+        }
+        this.queued
+            .fetch_sub(usize::try_from(bytes).unwrap_or(0), Ordering::SeqCst);
+        batch.clear();
     }
 }
 
@@ -119,7 +193,7 @@ pub async fn translate(
                 .as_ref()
                 .map(|c| c.principal.tenant_id)
                 .ok_or_else(super::internal_error)?;
-            match gw.responses.store.get_response(tenant, id).await {
+            match gw.responses.get(tenant, id).await {
                 Ok(Some(row)) => Some(row),
                 Ok(None) => return Err(not_found(id)),
                 Err(e) => return Err(store_unavailable(&e)),
@@ -175,23 +249,23 @@ async fn read_or_delete(
         .as_ref()
         .map(|c| c.principal.tenant_id)
         .ok_or_else(super::internal_error)?;
-    let store = &gw.responses.store;
+    let store = &gw.responses;
     match ctx.route.api() {
         Some(ApiRoute::Response) if header.method == http::Method::DELETE => {
-            match store.delete_response(tenant, id).await {
+            match store.delete(tenant, id).await {
                 Ok(true) => Ok(deleted(id)),
                 Ok(false) => Err(not_found(id)),
                 Err(e) => Err(store_unavailable(&e)),
             }
         }
-        Some(ApiRoute::Response) => match store.get_response(tenant, id).await {
-            Ok(Some(row)) => Ok(row.response.into_bytes()),
+        Some(ApiRoute::Response) => match store.get(tenant, id).await {
+            Ok(Some(row)) => Ok(row.response.as_bytes().to_vec()),
             Ok(None) => Err(not_found(id)),
             Err(e) => Err(store_unavailable(&e)),
         },
         Some(ApiRoute::ResponseInputItems) => {
             let query = ListQuery::parse(header.uri.query().unwrap_or(""))?;
-            match store.get_response(tenant, id).await {
+            match store.get(tenant, id).await {
                 Ok(Some(row)) => list_input_items(&row.input_items, &query).map_err(|e| {
                     log::error!("stored response {id}: unreadable input items: {e}");
                     super::internal_error()
@@ -208,68 +282,78 @@ async fn read_or_delete(
     }
 }
 
-/// Starts writing the request's finished response to the store, if it is to be stored (see
-/// the module docs); `serve` awaits the handle, bounded.
-pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) -> Option<tokio::task::JoinHandle<()>> {
-    let turn = ctx.responses.take()?;
+/// Queues the request's finished response for the store, if it is to be stored (see the
+/// module docs): after its last byte went out, before the connection's next request.
+pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) {
+    let Some(turn) = ctx.responses.take() else {
+        return;
+    };
     let Turn {
         conversation: Some(conversation),
         object: Some(object),
         ..
     } = *turn
     else {
-        return None;
+        return;
     };
     if ctx.ending.outcome != Outcome::Ok {
-        return None;
+        return;
     }
-    let caller = ctx.caller.as_ref()?;
-    let model = gw.config.models.get(ctx.model?)?;
+    let (Some(caller), Some(model)) = (
+        ctx.caller.as_ref(),
+        ctx.model.and_then(|m| gw.config.models.get(m)),
+    ) else {
+        return;
+    };
     let id = response_id(&ctx.request_id);
-    let size = object.len() + conversation.items.len();
+    let row = normalize_items(
+        &conversation.items,
+        conversation.new_from,
+        id_base(&ctx.request_id),
+    )
+    .and_then(|items| String::from_utf8(items).map_err(|e| e.to_string()))
+    .and_then(|items| {
+        let response = String::from_utf8(object).map_err(|e| e.to_string())?;
+        Ok((items, response))
+    });
+    let (input_items, response) = match row {
+        Ok(parts) => parts,
+        Err(e) => {
+            log::error!("response {id} not stored: {e}");
+            return;
+        }
+    };
+    let row = Arc::new(StoredResponse {
+        id,
+        tenant_id: caller.principal.tenant_id,
+        key_id: caller.principal.key_id.clone(),
+        model: model.slug.clone(),
+        created_at: now_ms(),
+        response,
+        input_items,
+    });
     let shared = &gw.responses;
-    let queued = shared.queued.fetch_add(size, Ordering::SeqCst) + size;
+    let size = usize::try_from(row.size()).unwrap_or(usize::MAX);
+    let queued = shared
+        .queued
+        .fetch_add(size, Ordering::SeqCst)
+        .saturating_add(size);
     if queued > shared.max_queued {
         shared.queued.fetch_sub(size, Ordering::SeqCst);
         log::warn!(
-            "response {id} not stored: {queued} bytes of responses are waiting for the store \
-             (responses.max_queued_mib)"
+            "response {} not stored: {queued} bytes of responses are waiting for the store \
+             (responses.max_queued_mib)",
+            row.id
         );
-        return None;
+        return;
     }
-    let base = id_base(&ctx.request_id).to_owned();
-    let principal = &caller.principal;
-    let (tenant_id, key_id) = (principal.tenant_id, principal.key_id.clone());
-    let slug = model.slug.clone();
-    let shared = Arc::clone(shared);
-    Some(shared.rt.clone().spawn(async move {
-        let row = match normalize_items(&conversation.items, conversation.new_from, &base)
-            .map_err(|e| e.to_string())
-            .and_then(|items| {
-                let items = String::from_utf8(items).map_err(|e| e.to_string())?;
-                let response = String::from_utf8(object).map_err(|e| e.to_string())?;
-                Ok((items, response))
-            }) {
-            Ok((input_items, response)) => StoredResponse {
-                id,
-                tenant_id,
-                key_id,
-                model: slug,
-                created_at: now_ms(),
-                response,
-                input_items,
-            },
-            Err(e) => {
-                log::error!("response {id} not stored: {e}");
-                shared.queued.fetch_sub(size, Ordering::SeqCst);
-                return;
-            }
-        };
-        if let Err(e) = shared.store.put_responses(std::slice::from_ref(&row)).await {
-            log::error!("response {} not stored: {e}", row.id);
-        }
-        shared.queued.fetch_sub(size, Ordering::SeqCst);
-    }))
+    shared
+        .pending
+        .lock()
+        .insert(row.id.clone(), Arc::clone(&row));
+    if shared.queue.send(row).is_err() {
+        log::error!("stored responses: the writer has stopped");
+    }
 }
 
 /// Deletes stored responses past the retention, then each tenant's oldest beyond its cap,
