@@ -184,6 +184,9 @@ def body(scenario: str, model: str = "colibri") -> tuple[str, dict]:
     if scenario.startswith("messages"):
         return "/v1/messages", {"model": model, "max_tokens": 512, "stream": stream,
                                 "messages": [{"role": "user", "content": text}]}
+    if scenario.startswith("responses"):
+        # As the SDKs send it by default: stored (`store: true`), so the cell includes the write.
+        return "/v1/responses", {"model": model, "stream": stream, "input": text}
     return "/v1/chat/completions", {"model": model, "stream": stream,
                                     "messages": [{"role": "user", "content": text}]}
 
@@ -193,12 +196,14 @@ class Target:
     base: str
     pid: int | None = None
     speaks_messages = False
+    speaks_responses = False
     # "h1" (HTTP/1.1, plain or TLS), "h2" (ALPN h2 over TLS, or h1 too), "h2c" (prior knowledge).
     proto = "h1"
 
     def request(self, scenario: str) -> tuple[str, str, dict]:
         """(url, body, headers) for a scenario; plain forwarders get the chat equivalent."""
         s = scenario if self.speaks_messages else scenario.replace("messages", "chat")
+        s = s if self.speaks_responses else s.replace("responses", "chat")
         path, b = body(s)
         if path == "/v1/messages":
             return self.base + path, json.dumps(b), {"x-api-key": KEY, "anthropic-version": "2023-06-01", "content-type": "application/json"}
@@ -322,6 +327,7 @@ general_settings:
 class Quipu(Target):
     name = "quipu"
     speaks_messages = True
+    speaks_responses = True
 
     def __init__(self, sim_port, threads: int = 1, name: str = "quipu", tls: bool = False, proto: str = "h1",
                  exe: str | None = None):
@@ -554,7 +560,8 @@ def measure_cell(section: str, scenario: str, c: int, targets: list[Target], sec
                "requests": sum(x["requests"] for x in runs), "cpu_us": med("cpu_us"),
                "cpu_spread": (min(x["cpu_us"] for x in runs), max(x["cpu_us"] for x in runs)) if med("cpu_us") else None,
                "rss_mb": rss_kb(t.pid) / 1024 if t.pid else None, "runs": len(runs),
-               "equiv": scenario.startswith("messages") and not t.speaks_messages}
+               "equiv": (scenario.startswith("messages") and not t.speaks_messages)
+               or (scenario.startswith("responses") and not t.speaks_responses)}
         if i == 0 and t.name.startswith("direct"):
             base = row
         if base:
@@ -632,7 +639,7 @@ def main() -> int:
         if before:
             plain_targets += start([lambda: Quipu(sim_port, name=BASELINE_NAME, exe=before)])
     if "plain" in sections:
-        for scenario in ["chat", "messages", "chat_stream", "messages_stream"]:
+        for scenario in ["chat", "messages", "responses", "chat_stream", "messages_stream", "responses_stream"]:
             for c in [1, 16, 64]:
                 rows += measure_cell("plain", scenario, c, plain_targets, secs, args.repeat, notes)
     ttfb = {}
@@ -908,7 +915,8 @@ def write_report(args, rows, ttfb, open_loop, conc, notes, previous=None):
         "Quipu runs as shipped: access log on (written to a file), SQLite ledger, metrics.",
         "Every proxy runs on CPU 0 with one worker; wrk and the simulator share CPU 1.",
         "Latency in ms; CPU is the proxy's process-tree user+system time per request (µs); RSS is peak (MB).",
-        "Plain forwarders (nginx, pingora-bare) have no messages endpoint: their messages rows forward the equivalent chat request.",
+        "Plain forwarders (nginx, pingora-bare) have no messages endpoint: their messages rows forward the equivalent chat request; "
+        "only Quipu is measured on the Responses API, the others' responses rows forward the equivalent chat request.",
         "The TLS and HTTP/2 rows of the same run are in [their own section](#tls-and-http2), next to these plain rows.", "",
         "| scenario | c | target | req/s | p50 | p99 | +p50 vs direct | +p99 vs direct | CPU µs/req | peak RSS | errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -919,10 +927,16 @@ def write_report(args, rows, ttfb, open_loop, conc, notes, previous=None):
     if plain:
         lines += ["", "## Ratios of CPU per request (medians)", "",
                   "| scenario | c | quipu / pingora-bare | quipu / nginx | litellm / quipu |", "|---|---|---|---|---|"]
-        for s in ("chat", "messages", "chat_stream", "messages_stream"):
+        for s in ("chat", "messages", "responses", "chat_stream", "messages_stream", "responses_stream"):
             for c in (1, 16, 64):
                 q, b, n, l = (by.get((t, s, c), {}).get("cpu_us") for t in ("quipu", "pingora-bare", "nginx", "litellm"))
                 lines.append(f"| {s} | {c} | {ratio(q, b)} | {ratio(q, n)} | {ratio(l, q)} |")
+        lines += ["", "## Quipu's CPU per request, Responses API / chat format (goal: ≤ 1.2)", "",
+                  "| scenario | c | responses / chat |", "|---|---|---|"]
+        for s, chat in (("responses", "chat"), ("responses_stream", "chat_stream")):
+            for c in (1, 16, 64):
+                r, q = (by.get(("quipu", x, c), {}).get("cpu_us") for x in (s, chat))
+                lines.append(f"| {s} | {c} | {ratio(r, q)} |")
     lines += before_after(by)
     spread = [r for r in rows if r.get("cpu_spread") and r["target"] in ("quipu", "pingora-bare", "nginx", BASELINE_NAME)]
     if spread:

@@ -28,7 +28,7 @@ RI = "$__rate_interval"
 M = 'model=~"$model"'
 GM = 'gen_ai_request_model=~"$model"'
 T = 'tenant=~"$tenant"'
-CHAT_MESSAGES = 'route=~"chat|messages"'
+CHAT_MESSAGES = 'route=~"chat|messages|responses"'
 ERR = 'error_type!="none"'
 S5 = 'status=~"5.."'
 CACHED = 'type="cached_input"'
@@ -386,7 +386,7 @@ def operations() -> dict:
     b.row("Traffic")
     b.add(timeseries("Requests by route", "Requests per second by route. Catalog routes (models, pricing, plans, health) have model=\"none\", so selecting a model hides them.",
                      [(f"sum by (route) ({rate(req, M)})", "{{route}}")], "reqps", stack=True), 8, 8)
-    b.add(timeseries("API requests by model", "Chat and messages requests per second by model slug.",
+    b.add(timeseries("API requests by model", "Chat, messages and Responses API requests per second by model slug.",
                      [(f'sum by (model) ({rate(req, j(CHAT_MESSAGES, M))})', "{{model}}")], "reqps", stack=True), 8, 8)
     b.add(timeseries("Requests by HTTP status", "Requests per second by the status written to the client (0 if the client left before any was written).",
                      [(f"sum by (status) ({rate(req, M)})", "{{status}}")], "reqps", stack=True), 8, 8)
@@ -406,7 +406,7 @@ def operations() -> dict:
     b.add(timeseries("Request duration p95 by model and mode", "95th percentile request duration by model and by stream (true) or single response (false).",
                      [(f"histogram_quantile(0.95, sum by (le, gen_ai_request_model, stream) ({rate(dur + '_bucket', GM)}))",
                        "{{gen_ai_request_model}} stream={{stream}}")], "s"), 8, 8)
-    b.add(timeseries("Mean request duration by format", "Mean request duration (sum / count of the histogram) by client format: OpenAI chat or Anthropic messages.",
+    b.add(timeseries("Mean request duration by format", "Mean request duration (sum / count of the histogram) by client format: OpenAI chat, Anthropic messages or the OpenAI Responses API.",
                      [(f"sum by (format) ({rate(dur + '_sum', GM)}) / sum by (format) ({rate(dur + '_count', GM)})", "{{format}}")],
                      "s"), 8, 8)
     b.add(timeseries("Time to first token", "Streamed requests only: time from request arrival to the first generated chunk (gen_ai_server_time_to_first_token_seconds), p50/p95/p99.",

@@ -20,7 +20,9 @@ if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
   command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
   # Debian's python3 cannot make a venv without python3-venv (ensurepip).
   python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
-  # Claude Code's integration test installs the CLI with npm (scripts/deps-claude-code.sh).
+  # The Claude Code and Codex integration tests install their CLIs with npm
+  # (scripts/deps-claude-code.sh, scripts/deps-codex.sh), the Node SDK test its SDK
+  # (scripts/deps-openai-node.sh).
   command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
   # tests/python/test_account_page.py drives the system's Chromium; nothing is downloaded.
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)

@@ -159,7 +159,7 @@ impl KeySnapshot {
         // Which formats' SDKs send `x-api-key`.
         let reads_x_api_key = match format {
             ClientFormat::Messages => true,
-            ClientFormat::Chat => false,
+            ClientFormat::Chat | ClientFormat::Responses => false,
         };
         let mut api_key: Option<&str> = None;
         if reads_x_api_key {
@@ -178,10 +178,12 @@ impl KeySnapshot {
         }
         Err(deny(match (bearer.is_some() || api_key.is_some(), format) {
             (true, _) => "invalid or revoked API key",
-            (false, ClientFormat::Chat) if malformed_bearer => {
+            (false, ClientFormat::Chat | ClientFormat::Responses) if malformed_bearer => {
                 "the Authorization header must be `Bearer <API key>`"
             }
-            (false, ClientFormat::Chat) => "missing API key: send `Authorization: Bearer <API key>`",
+            (false, ClientFormat::Chat | ClientFormat::Responses) => {
+                "missing API key: send `Authorization: Bearer <API key>`"
+            }
             (false, ClientFormat::Messages) => {
                 "missing API key: send `x-api-key: <API key>` or `Authorization: Bearer <API key>`"
             }

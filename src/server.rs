@@ -164,6 +164,10 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     );
     let (writer_stop_tx, writer_stop_rx) = tokio::sync::watch::channel(false);
     let writer_task = billing_rt.spawn(writer.run(writer_stop_rx));
+    billing_rt.spawn(crate::proxy::responses::cleanup(
+        store.clone(),
+        config.clone(),
+    ));
     spawn_background(
         &billing_rt,
         &config,
@@ -243,6 +247,11 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         life: life.clone(),
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
         account_reads: crate::proxy::account::AccountReads::new(store.clone()),
+        responses: crate::proxy::responses::StoredResponses::start(
+            store.clone(),
+            billing_rt.handle(),
+            config.responses.max_queued_bytes,
+        ),
     };
     let certs = match &config.server.tls {
         Some(files) => Some(CertStore::open(&files.cert, &files.key).map_err(|e| {

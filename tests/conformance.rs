@@ -1,4 +1,4 @@
-//! Fixture harness for the stream translators of both client formats.
+//! Fixture harness for the stream translators of every client format.
 //!
 //! Every recorded upstream stream in `tests/fixtures/streams/<case>.sse` (written by
 //! `generate.py` there) is replayed through each client format's stream translator, as the
@@ -8,13 +8,15 @@
 //! - `messages`: the messages format (`MessagesStream`), a long tool name restored;
 //! - `chat`: the chat format as shipped (`ChatStream`, reasoning under both field names), the
 //!   client not asking for usage;
-//! - `chat-usage`: the same, the client asking for usage (`stream_options.include_usage`).
+//! - `chat-usage`: the same, the client asking for usage (`stream_options.include_usage`);
+//! - `responses`: the Responses API (`ResponsesStream`), a namespaced function tool restored,
+//!   the object kept for the store.
 //!
 //! Each case is replayed whole, split in two at every byte offset (inside multi-byte UTF-8
 //! characters and CRLF pairs included), split in three at a spread of offset pairs, and fed
 //! one byte at a time; every run is labelled (`chat/parallel_tools/split@17`) and must give
 //! byte-identical output, usage, end state and error. Every output must also be a valid
-//! stream of its format (see [`valid_messages`] and [`valid_chat`]).
+//! stream of its format (see [`valid_messages`], [`valid_chat`] and [`valid_responses`]).
 //!
 //! `QUIPU_BLESS=1 cargo test --release --test conformance` rewrites the `.expected` files from
 //! the current output (review the diff before committing).
@@ -29,6 +31,7 @@ use quipu::config::ReasoningField;
 use quipu::translate::chat::ChatStream;
 use quipu::translate::messages::prompt::shorten_tool_name;
 use quipu::translate::messages::{validate_event_sequence, MessagesStream};
+use quipu::translate::responses::{ResponsesContext, ResponsesStream, ToolName};
 use quipu::translate::{ResponseContext, StreamEnd, StreamTranslator};
 use quipu_core::testing::{replay, Replay};
 use serde_json::Value;
@@ -45,7 +48,7 @@ struct Format {
     valid: fn(&Replay) -> Result<(), String>,
 }
 
-const FORMATS: [Format; 3] = [
+const FORMATS: [Format; 4] = [
     Format {
         name: "messages",
         build: || Box::new(MessagesStream::new(messages_ctx())),
@@ -61,7 +64,41 @@ const FORMATS: [Format; 3] = [
         build: || Box::new(ChatStream::new(chat_ctx(), true, ReasoningField::Both)),
         valid: |r| valid_chat(r, true),
     },
+    Format {
+        name: "responses",
+        build: || Box::new(ResponsesStream::new(responses_ctx())),
+        valid: valid_responses,
+    },
 ];
+
+fn responses_ctx() -> ResponsesContext {
+    ResponsesContext {
+        base: chat_ctx(),
+        created_at: 1_764_000_000,
+        echo: b",\"instructions\":null,\"max_output_tokens\":8192".to_vec(),
+        tools: vec![ToolName {
+            // As if declared in a namespace: the client sees `weather` / `current`.
+            upstream: "get_weather".into(),
+            name: "current".into(),
+            namespace: Some("weather".into()),
+        }],
+        encrypted_reasoning: false,
+        keep_object: true,
+    }
+}
+
+/// A Responses API stream: a valid numbered event sequence (see
+/// `quipu::translate::responses::validate_event_sequence`), the slug and never the upstream's
+/// model name.
+fn valid_responses(r: &Replay) -> Result<(), String> {
+    if r.out
+        .windows(UPSTREAM_MODEL.len())
+        .any(|w| w == UPSTREAM_MODEL.as_bytes())
+    {
+        return Err("the upstream's model name reached the client".into());
+    }
+    quipu::translate::responses::validate_event_sequence(&r.out).map(|_| ())
+}
 
 fn messages_ctx() -> ResponseContext {
     ResponseContext {

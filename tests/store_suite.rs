@@ -273,6 +273,7 @@ store_suite!(
     keys_requests_and_top_ups_are_paged_per_tenant,
     the_migration_sums_an_existing_ledger,
     usage_queries_use_indexes,
+    stored_responses_belong_to_their_tenant_and_are_pruned,
 );
 
 #[path = "store_suite/usage.rs"]
@@ -1135,6 +1136,75 @@ async fn invalid_rows_are_refused_as_invalid_and_set_aside(fx: &Fixture) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Stored responses (the Responses API's `store: true`)
+
+fn stored(id: &str, tenant: TenantId, at: i64, bytes: usize) -> store::StoredResponse {
+    store::StoredResponse {
+        id: id.to_owned(),
+        tenant_id: tenant,
+        key_id: "key_000000000001".into(),
+        model: "apu".into(),
+        created_at: at,
+        response: format!(
+            "{{\"id\":\"{id}\",\"object\":\"response\",\"pad\":\"{}\"}}",
+            "x".repeat(bytes)
+        ),
+        input_items: "[{\"type\":\"message\",\"role\":\"user\",\"content\":\"¡hola! \\u00e9\"}]"
+            .into(),
+    }
+}
+
+async fn stored_responses_belong_to_their_tenant_and_are_pruned(fx: &Fixture) {
+    let s = fx.open().await;
+    let a = tenant_with(s.as_ref(), "resp-a", "0").await;
+    let b = tenant_with(s.as_ref(), "resp-b", "0").await;
+    let now = store::now_ms();
+    let first = stored("resp_1", a, now - 10_000, 10);
+    assert_eq!(
+        s.put_responses(std::slice::from_ref(&first)).await.unwrap(),
+        1
+    );
+    // Written again (a retried write): kept as it was, counted as not new.
+    let mut again = first.clone();
+    again.response = "{}".into();
+    assert_eq!(s.put_responses(&[again]).await.unwrap(), 0);
+    assert_eq!(
+        s.get_response(a, "resp_1").await.unwrap(),
+        Some(first.clone()),
+        "round trip, byte for byte"
+    );
+    // Another tenant's id reads as missing, and cannot be deleted.
+    assert_eq!(s.get_response(b, "resp_1").await.unwrap(), None);
+    assert!(!s.delete_response(b, "resp_1").await.unwrap());
+    assert_eq!(s.get_response(a, "resp_nope").await.unwrap(), None);
+    assert!(s.delete_response(a, "resp_1").await.unwrap());
+    assert_eq!(s.get_response(a, "resp_1").await.unwrap(), None);
+    assert!(!s.delete_response(a, "resp_1").await.unwrap());
+
+    // Retention: older than `before` goes. The cap: each tenant keeps its newest that fit.
+    let rows = [
+        stored("resp_old", a, now - 100_000, 10),
+        stored("resp_a1", a, now - 3_000, 1000),
+        stored("resp_a2", a, now - 2_000, 1000),
+        stored("resp_a3", a, now - 1_000, 1000),
+        stored("resp_b1", b, now - 3_000, 1000),
+    ];
+    assert_eq!(s.put_responses(&rows).await.unwrap(), 5);
+    let cap = rows[2].size() + rows[3].size();
+    assert_eq!(s.prune_responses(now - 50_000, cap).await.unwrap(), 2);
+    for (id, t, kept) in [
+        ("resp_old", a, false),
+        ("resp_a1", a, false),
+        ("resp_a2", a, true),
+        ("resp_a3", a, true),
+        ("resp_b1", b, true),
+    ] {
+        assert_eq!(s.get_response(t, id).await.unwrap().is_some(), kept, "{id}");
+    }
+    assert_eq!(s.prune_responses(now - 50_000, cap).await.unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Accounts (the replica's side of leases) over each backend
 
 use quipu::billing::{Accounts, Refusal};
@@ -1259,6 +1329,22 @@ impl Store for Rigged {
     }
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> store::StoreResult<Vec<LedgerRow>> {
         self.inner.ledger_rows(tenant).await
+    }
+    async fn put_responses(&self, rows: &[store::StoredResponse]) -> store::StoreResult<u64> {
+        self.inner.put_responses(rows).await
+    }
+    async fn get_response(
+        &self,
+        tenant: TenantId,
+        id: &str,
+    ) -> store::StoreResult<Option<store::StoredResponse>> {
+        self.inner.get_response(tenant, id).await
+    }
+    async fn delete_response(&self, tenant: TenantId, id: &str) -> store::StoreResult<bool> {
+        self.inner.delete_response(tenant, id).await
+    }
+    async fn prune_responses(&self, before: i64, max_bytes: u64) -> store::StoreResult<u64> {
+        self.inner.prune_responses(before, max_bytes).await
     }
 }
 

@@ -1,12 +1,13 @@
-//! The API routes (`/v1/chat/completions`, `/v1/messages`, `/v1/messages/count_tokens`):
-//! capacity → format headers → auth → body → translate → rate limits → admission (the quote
-//! reserved against the balance) → the upstream exchange ([`super::relay`]).
+//! The API routes (`/v1/chat/completions`, `/v1/messages`, `/v1/messages/count_tokens`,
+//! `/v1/responses`): capacity → format headers → auth → body → translate → rate limits →
+//! admission (the quote reserved against the balance) → the upstream exchange
+//! ([`super::relay`]). The stored-response routes stop after auth ([`super::responses`]).
 //!
 //! Every step that refuses returns a [`Failure`] saying why; nothing here writes a response
 //! except the relay of a stream.
 
 use super::ctx::{Admitted, Books};
-use super::{body, count, relay, Failure, Gateway, Outcome, Reply, RequestCtx};
+use super::{body, count, relay, responses, Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::billing::policy::{self, display::cost_text};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::metrics::m;
@@ -47,6 +48,10 @@ async fn admit_and_relay(
             Reply::from(Failure::refused_unread(e))
         })?;
     ctx.caller = Some(caller.clone());
+    if let Some(ApiRoute::Response | ApiRoute::ResponseInputItems) = ctx.route.api() {
+        // A stored response: read or deleted, nothing sent upstream, nothing billed.
+        return Ok(responses::stored(gw, session, ctx).await);
+    }
     if !body::is_json(session) {
         return Err(Failure::refused_unread(ApiError::invalid_body(
             "the request body must be JSON (Content-Type: application/json)",
@@ -61,7 +66,8 @@ async fn admit_and_relay(
         }
         Some(ApiRoute::Chat) => chat::chat_to_upstream(&body, &gw.config),
         Some(ApiRoute::Messages) => messages::messages_to_upstream(&body, &gw.config),
-        None => {
+        Some(ApiRoute::Responses) => responses::translate(gw, ctx, &body).await,
+        Some(ApiRoute::Response | ApiRoute::ResponseInputItems) | None => {
             log::error!("route {} reached the API handler", ctx.route.as_str());
             return Err(Failure::new(Outcome::InternalError, super::internal_error()).into());
         }
@@ -82,7 +88,7 @@ async fn admit_and_relay(
 fn check_format_headers(session: &ServerSession, format: ClientFormat) -> Result<(), ApiError> {
     let names: &[&str] = match format {
         ClientFormat::Messages => &["compat-version", "anthropic-version"],
-        ClientFormat::Chat => &[],
+        ClientFormat::Chat | ClientFormat::Responses => &[],
     };
     for &name in names {
         let mut values = session.req_header().headers.get_all(name).iter();

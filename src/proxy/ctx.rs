@@ -128,6 +128,8 @@ pub struct RequestCtx {
     pub ending: Ending,
     /// `finish` (settlement): what the tenant was charged.
     pub charged: Pen,
+    /// `api` (Responses API requests): what the response translators and the store need.
+    pub responses: Option<Box<super::responses::Turn>>,
     /// `serve` (API routes): this request's in-flight slot, released when `finish` ends or, if
     /// it never runs, when the context is dropped.
     pub(super) in_flight: Option<InFlight>,
@@ -148,6 +150,7 @@ impl RequestCtx {
             upstream: UpstreamTrace::default(),
             ending: Ending::default(),
             charged: Pen::ZERO,
+            responses: None,
             in_flight: None,
         }
     }

@@ -58,6 +58,9 @@ pub fn handle(gw: &Gateway, session: &ServerSession, route: Route) -> Reply {
         Route::Chat
         | Route::Messages
         | Route::CountTokens
+        | Route::Responses
+        | Route::Response
+        | Route::ResponseInputItems
         | Route::Account
         | Route::Usage
         | Route::Keys

@@ -30,6 +30,7 @@ mod local;
 mod observe;
 pub mod relay;
 pub mod respond;
+pub mod responses;
 pub mod settle;
 mod stream;
 
@@ -70,6 +71,8 @@ pub struct Gateway {
     pub meters: Meters,
     /// What the account routes read from (the store, a few queries at a time).
     pub account_reads: account::AccountReads,
+    /// The Responses API's stored responses (`store: true`).
+    pub responses: Arc<responses::StoredResponses>,
 }
 
 /// What a handler produced; [`Gateway::conclude`] writes it and records how the request ended.
@@ -209,6 +212,7 @@ impl ServeRequest for Gateway {
         };
         let reusable = self.conclude(&mut session, &mut ctx, reply).await;
         self.finish(&mut ctx);
+        responses::write_finished(self, &mut ctx);
         let cancelled = ctx.ending.outcome == Outcome::ClientDisconnected;
         if cancelled {
             // A response cut short must not look complete: on HTTP/2, `finish` would end the

@@ -21,6 +21,7 @@ use crate::http::deadline;
 use crate::metrics::m;
 use crate::translate::chat::{upstream_to_chat, ChatStream};
 use crate::translate::messages::{upstream_to_message, MessagesStream};
+use crate::translate::responses::{upstream_to_responses, ResponsesStream};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{malformed_stream, ResponseContext, StreamTranslator, UpstreamRequest};
 use crate::upstream::{block_hashes, ReplicaGuard};
@@ -232,6 +233,10 @@ pub async fn completion(
                 gw.config.streaming.chat_reasoning_field,
             )),
             ClientFormat::Messages => Box::new(MessagesStream::new(rctx)),
+            ClientFormat::Responses => match ctx.responses.as_ref() {
+                Some(turn) => Box::new(ResponsesStream::new(turn.context(rctx))),
+                None => return missing_turn(gw, resp),
+            },
         };
         return stream::relay(gw, session, ctx, resp, translator, phase_deadline).await;
     }
@@ -268,6 +273,16 @@ pub async fn completion(
             upstream_to_chat(&body, &rctx, gw.config.streaming.chat_reasoning_field)
         }
         ClientFormat::Messages => upstream_to_message(&body, &rctx),
+        ClientFormat::Responses => match ctx.responses.as_mut() {
+            Some(turn) => {
+                let translated = upstream_to_responses(&body, &turn.context(rctx));
+                if let (Ok((out, _)), true) = (&translated, turn.conversation.is_some()) {
+                    turn.object = Some(out.clone());
+                }
+                translated
+            }
+            None => return Failure::new(Outcome::InternalError, super::internal_error()).into(),
+        },
     };
     match translated {
         Ok((out, usage)) => {
@@ -280,4 +295,12 @@ pub async fn completion(
             Failure::new(Outcome::UpstreamError, e).into()
         }
     }
+}
+
+/// A Responses API request that reached the relay without its [`super::responses::Turn`]: a
+/// bug, answered as one.
+fn missing_turn(gw: &Gateway, resp: UpstreamResponse) -> Reply {
+    log::error!("a Responses API request reached the relay without its turn");
+    resp.finish(&gw.connector);
+    Failure::new(Outcome::InternalError, super::internal_error()).into()
 }

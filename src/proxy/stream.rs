@@ -42,7 +42,8 @@ const TAIL_WAIT: Duration = Duration::from_millis(50);
 fn pings(format: ClientFormat) -> bool {
     match format {
         ClientFormat::Messages => true,
-        ClientFormat::Chat => false,
+        // The Responses API has no ping event: a silent stream just waits.
+        ClientFormat::Chat | ClientFormat::Responses => false,
     }
 }
 
@@ -195,6 +196,9 @@ pub async fn relay(
     m().streams_open.dec();
     ctx.upstream.time += stream_started.elapsed();
     ctx.usage = Some(translator.usage());
+    if let Some(turn) = ctx.responses.as_mut() {
+        turn.object = translator.take_object();
+    }
     let status = if committed { 200 } else { 0 };
     if client_left {
         m().client_disconnects

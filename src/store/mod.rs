@@ -1,4 +1,5 @@
-//! Durable state: tenants, API keys, the money ledger and balance leases.
+//! Durable state: tenants, API keys, the money ledger and balance leases, and the stored
+//! responses of the Responses API.
 //!
 //! One trait, [`Store`], two implementations: SQLite (the embedded default, one file) and
 //! PostgreSQL (several gateway replicas sharing tenants, keys, balances and the ledger). Both
@@ -34,6 +35,7 @@
 
 pub mod columns;
 pub mod postgres;
+mod responses;
 mod rows;
 pub mod schema;
 mod sql_money;
@@ -214,6 +216,32 @@ pub struct Statement {
     pub balance: Pen,
 }
 
+/// A stored response of the Responses API (`store: true`): owned by its tenant, written after
+/// the response is complete (see `stored_responses`), read back by `previous_response_id` and
+/// `GET /v1/responses/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// `resp_…`.
+    pub id: String,
+    pub tenant_id: TenantId,
+    /// The key that created it (by public id).
+    pub key_id: String,
+    /// Model slug.
+    pub model: String,
+    pub created_at: UnixMs,
+    /// The response object, JSON.
+    pub response: String,
+    /// The conversation it answered: a JSON array of input items (earlier turns included).
+    pub input_items: String,
+}
+
+impl StoredResponse {
+    /// Bytes it keeps in the store: what the per-tenant cap counts.
+    pub fn size(&self) -> u64 {
+        (self.response.len() + self.input_items.len()) as u64
+    }
+}
+
 /// Store failures. Messages are for operators (they may name tables, never secrets).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreError {
@@ -331,6 +359,19 @@ pub trait Store: UsageStore + Send + Sync {
 
     /// The request rows of a tenant (all tenants if `None`), oldest first; for audits and tests.
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>>;
+
+    /// Stores responses, in one transaction; an id already stored is left as it is. Returns
+    /// how many were new.
+    async fn put_responses(&self, rows: &[StoredResponse]) -> StoreResult<u64>;
+    /// The stored response `id` of `tenant`: `None` when there is none, or it is another
+    /// tenant's (the caller cannot tell the two apart, by design).
+    async fn get_response(&self, tenant: TenantId, id: &str)
+        -> StoreResult<Option<StoredResponse>>;
+    /// Deletes the stored response `id` of `tenant`; whether there was one.
+    async fn delete_response(&self, tenant: TenantId, id: &str) -> StoreResult<bool>;
+    /// Deletes the responses created before `before`, then each tenant's oldest beyond
+    /// `max_bytes_per_tenant` (by [`StoredResponse::size`]); returns how many were deleted.
+    async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64>;
 }
 
 /// Checks that a request row can be written by every backend (the charge and the counts fit

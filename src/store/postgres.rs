@@ -37,9 +37,9 @@ use super::rows::{
 use super::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
 use super::usage::{rollup, RollupRow};
 use super::{
-    now_ms, schema, ActiveKey, Balance, KeyInfo, LeaseGrant, LedgerRow, ModelTotals, NewKey,
-    RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId, TenantSummary, TopUp,
-    TopUpOutcome, UnixMs,
+    now_ms, responses, schema, ActiveKey, Balance, KeyInfo, LeaseGrant, LedgerRow, ModelTotals,
+    NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, StoredResponse, Tenant,
+    TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::config::redact_url;
 use crate::money::Pen;
@@ -201,6 +201,15 @@ fn error_text(e: &tokio_postgres::Error) -> String {
 pub(crate) enum PgErr {
     Db(tokio_postgres::Error),
     Store(StoreError),
+}
+
+impl From<responses::PgFailure> for PgErr {
+    fn from(e: responses::PgFailure) -> Self {
+        match e {
+            responses::PgFailure::Db(e) => PgErr::Db(e),
+            responses::PgFailure::Store(e) => PgErr::Store(e),
+        }
+    }
 }
 
 impl From<tokio_postgres::Error> for PgErr {
@@ -1130,6 +1139,34 @@ impl Store for PgStore {
 
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
         with_retry!(self, c => ledger_rows_q(c, tenant))
+    }
+
+    async fn put_responses(&self, rows: &[StoredResponse]) -> StoreResult<u64> {
+        with_retry!(self, c => async { responses::pg_put(c, rows).await.map_err(PgErr::from) })
+    }
+
+    async fn get_response(
+        &self,
+        tenant: TenantId,
+        id: &str,
+    ) -> StoreResult<Option<StoredResponse>> {
+        with_retry!(self, c => async {
+            responses::pg_get(c, tenant, id).await.map_err(PgErr::from)
+        })
+    }
+
+    async fn delete_response(&self, tenant: TenantId, id: &str) -> StoreResult<bool> {
+        with_retry!(self, c => async {
+            responses::pg_delete(c, tenant, id).await.map_err(PgErr::from)
+        })
+    }
+
+    async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64> {
+        with_retry!(self, c => async {
+            responses::pg_prune(c, before, max_bytes_per_tenant)
+                .await
+                .map_err(PgErr::from)
+        })
     }
 }
 

@@ -10,6 +10,7 @@
 //! | `api_keys` | public id, tenant, label, `secret_sha256` (unique; never the secret), the secret's display prefix, created/revoked times, per-key rpm/tpm limits (NULL = configured default) |
 //! | `ledger` | the one money journal: `entry_id` (primary key: request id or top-up id), `kind` (`request` \| `topup`), tenant, `at`, signed `delta` in i64 pico-soles; request entries also carry key id, model, format, tokens, status, HTTP status; top-ups a note. Indexed by (tenant, at) for statements. |
 //! | `leases` | (tenant, replica) → leased amount (exact pico-soles) and `heartbeat_at` |
+//! | `responses` | stored responses of the Responses API: id, tenant, key id, model, created_at, the response object, its conversation's input items, size (migration 4) |
 //! | `ledger_rejects` | the dead-letter table: request rows `record` refused as invalid (request id, tenant, the row as JSON, why, when), so one bad row cannot stop the rows behind it |
 //!
 //! Migration 2 added to `ledger` `unbilled` (i64 pico-soles a request's tokens cost beyond its
@@ -27,6 +28,12 @@
 //! tokens and money may pass i64: PostgreSQL keeps them in `NUMERIC`; SQLite in two integer
 //! columns, `x_hi * 2^32 + x_lo` with `0 <= x_lo < 2^32` (each addition carries, see
 //! `usage`), which no real total can overflow.
+//!
+//! Migration 4 added `responses`: the Responses API's stored responses (`store: true`) — id
+//! (`resp_…`, primary key), tenant, key id, model slug, `created_at`, the response object and
+//! the conversation's input items (JSON text, exactly as served), and their `size` in bytes;
+//! indexed by (tenant, created_at) for the per-tenant cap and by created_at for the retention
+//! (see `responses`).
 //!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
@@ -197,6 +204,23 @@ SELECT tenant_id, key_id, n,
           FROM ledger WHERE kind = 'request' GROUP BY 1, 2);
 "#,
     ),
+    (
+        4,
+        r#"
+CREATE TABLE responses (
+    id           TEXT    PRIMARY KEY,
+    tenant_id    INTEGER NOT NULL REFERENCES tenants(id),
+    key_id       TEXT    NOT NULL,
+    model        TEXT    NOT NULL,
+    created_at   INTEGER NOT NULL,
+    response     TEXT    NOT NULL,
+    input_items  TEXT    NOT NULL,
+    size         INTEGER NOT NULL CHECK (size >= 0)
+) STRICT;
+CREATE INDEX responses_by_tenant ON responses (tenant_id, created_at);
+CREATE INDEX responses_by_age ON responses (created_at);
+"#,
+    ),
 ];
 
 /// PostgreSQL migrations, `(version, SQL)`; the same logical schema as [`SQLITE_MIGRATIONS`].
@@ -313,6 +337,23 @@ INSERT INTO key_usage
 SELECT tenant_id, COALESCE(key_id, ''), COUNT(*), COALESCE(SUM(input_tokens), 0),
        COALESCE(SUM(cached_tokens), 0), COALESCE(SUM(output_tokens), 0), -SUM(delta), MAX(at)
   FROM ledger WHERE kind = 'request' GROUP BY 1, 2;
+"#,
+    ),
+    (
+        4,
+        r#"
+CREATE TABLE responses (
+    id           TEXT    PRIMARY KEY,
+    tenant_id    BIGINT  NOT NULL REFERENCES tenants(id),
+    key_id       TEXT    NOT NULL,
+    model        TEXT    NOT NULL,
+    created_at   BIGINT  NOT NULL,
+    response     TEXT    NOT NULL,
+    input_items  TEXT    NOT NULL,
+    size         BIGINT  NOT NULL CHECK (size >= 0)
+);
+CREATE INDEX responses_by_tenant ON responses (tenant_id, created_at);
+CREATE INDEX responses_by_age ON responses (created_at);
 "#,
     ),
 ];

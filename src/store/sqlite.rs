@@ -35,9 +35,9 @@ use super::sql_money::{
 };
 use super::usage::{rollup, RollupRow};
 use super::{
-    now_ms, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow, ModelTotals,
-    NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, Tenant, TenantId,
-    TenantSummary, TopUp, TopUpOutcome, UnixMs,
+    now_ms, responses, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow,
+    ModelTotals, NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, StoredResponse,
+    Tenant, TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::money::Pen;
 use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
@@ -974,6 +974,33 @@ impl Store for SqliteStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn put_responses(&self, rows: &[StoredResponse]) -> StoreResult<u64> {
+        let rows = rows.to_vec();
+        self.run(move |conn| responses::sqlite_put(conn, &rows))
+            .await
+    }
+
+    async fn get_response(
+        &self,
+        tenant: TenantId,
+        id: &str,
+    ) -> StoreResult<Option<StoredResponse>> {
+        let id = id.to_owned();
+        self.run(move |conn| responses::sqlite_get(conn, tenant, &id))
+            .await
+    }
+
+    async fn delete_response(&self, tenant: TenantId, id: &str) -> StoreResult<bool> {
+        let id = id.to_owned();
+        self.run(move |conn| responses::sqlite_delete(conn, tenant, &id))
+            .await
+    }
+
+    async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64> {
+        self.run(move |conn| responses::sqlite_prune(conn, before, max_bytes_per_tenant))
+            .await
     }
 }
 

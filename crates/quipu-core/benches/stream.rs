@@ -1,5 +1,6 @@
-//! Micro-benchmarks of the pure streaming path: the SSE decoder and the two stream translators
-//! (upstream chat-completion chunks → chat chunks, → messages events), fed vLLM-shaped streams.
+//! Micro-benchmarks of the pure streaming path: the SSE decoder and the three stream
+//! translators (upstream chat-completion chunks → chat chunks, → messages events, → Responses
+//! API events), fed vLLM-shaped streams.
 //!
 //! Run with `cargo bench -p quipu-core --bench stream`. Before the timings it prints, once, how
 //! many heap allocations each case makes per upstream chunk (counted by the global allocator
@@ -31,6 +32,10 @@ use quipu_core::sse::{SseDecoder, SseError};
 use quipu_core::translate::chat::ChatStream;
 use quipu_core::translate::messages::{
     accumulate_message, validate_event_sequence, MessagesStream,
+};
+use quipu_core::translate::responses::{
+    accumulate_response, validate_event_sequence as validate_responses, ResponsesContext,
+    ResponsesStream,
 };
 use quipu_core::translate::{ResponseContext, StreamEnd, StreamTranslator};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -311,6 +316,7 @@ fn decode(pieces: &[&[u8]]) -> usize {
 enum Translator {
     Chat,
     Messages,
+    Responses,
 }
 
 impl Translator {
@@ -318,6 +324,7 @@ impl Translator {
         match self {
             Translator::Chat => "chat",
             Translator::Messages => "messages",
+            Translator::Responses => "responses",
         }
     }
 
@@ -328,7 +335,7 @@ impl Translator {
         let ctx = ResponseContext {
             request_id: "01JQ8Z6X4N2M7K5V3B9C1D0F2G".into(),
             client_model: match self {
-                Translator::Chat => "aguila".into(),
+                Translator::Chat | Translator::Responses => "aguila".into(),
                 Translator::Messages => "claude-sonnet-4-5".into(),
             },
             slug: "aguila".into(),
@@ -338,6 +345,15 @@ impl Translator {
         match self {
             Translator::Chat => Box::new(ChatStream::new(ctx, false, ReasoningField::Both)),
             Translator::Messages => Box::new(MessagesStream::new(ctx)),
+            // As a stored response (the API's default): the object is kept for the store.
+            Translator::Responses => Box::new(ResponsesStream::new(ResponsesContext {
+                base: ctx,
+                created_at: 1_764_000_000,
+                echo: b",\"instructions\":null,\"max_output_tokens\":8192".to_vec(),
+                tools: Vec::new(),
+                encrypted_reasoning: false,
+                keep_object: true,
+            })),
         }
     }
 }
@@ -402,6 +418,22 @@ fn check(tr: Translator, shape: Shape, tokens: usize, payloads: &[&[u8]]) {
                 }
             }
         }
+        Translator::Responses => {
+            validate_responses(&out).unwrap();
+            let r = accumulate_response(&out).unwrap();
+            let output = &r["output"];
+            match shape {
+                Shape::Text => assert_eq!(output[0]["content"][0]["text"], words.as_str()),
+                Shape::Reasoning => {
+                    assert_eq!(output[0]["content"][0]["text"], &words[..split_at]);
+                    assert_eq!(output[1]["content"][0]["text"], &words[split_at..]);
+                }
+                Shape::Tool => {
+                    assert_eq!(output[0]["name"], "get_weather");
+                    assert_eq!(output[0]["arguments"], args.as_str());
+                }
+            }
+        }
         Translator::Chat => {
             let s = String::from_utf8(out).unwrap();
             let (mut content, mut reasoning, mut arguments) =
@@ -441,7 +473,11 @@ fn check(tr: Translator, shape: Shape, tokens: usize, payloads: &[&[u8]]) {
 // The allocation report
 
 const SHAPES: [Shape; 3] = [Shape::Text, Shape::Reasoning, Shape::Tool];
-const TRANSLATORS: [Translator; 2] = [Translator::Chat, Translator::Messages];
+const TRANSLATORS: [Translator; 3] = [
+    Translator::Chat,
+    Translator::Messages,
+    Translator::Responses,
+];
 const LENGTHS: [usize; 2] = [100, 2000];
 const SPLITS: [Split; 4] = [
     Split::Whole,

@@ -1,20 +1,24 @@
-//! One error type for everything a client can be told, rendered in either client format.
+//! One error type for everything a client can be told, rendered in each client format.
 //!
 //! Every client-visible failure is an [`ApiError`]: a [`ErrorKind`] (which fixes the HTTP
-//! status and the `type`/`code` fields of both formats, see docs/design.md "Errors") plus a message
-//! written for the client. Nothing here knows about sockets: the proxy picks the renderer from
-//! the request's [`ClientFormat`] and writes the bytes.
+//! status and the `type`/`code` fields of every format, see docs/design.md "Errors") plus a
+//! message written for the client. Nothing here knows about sockets: the proxy picks the
+//! renderer from the request's [`ClientFormat`] and writes the bytes.
 //!
-//! | kind | status | messages `error.type` | chat `type` / `code` |
+//! The Responses API's errors are the chat format's fields in its own order
+//! (`{"error":{"type","code","message","param"}}`), with the same `type` and `code`.
+//!
+//! | kind | status | messages `error.type` | chat and responses `type` / `code` |
 //! |---|---|---|---|
 //! | `Authentication` | 401 | `authentication_error` | `authentication_error` / `invalid_api_key` |
 //! | `InvalidRequest` | 400 | `invalid_request_error` | `invalid_request_error` / param |
 //! | `ModelNotFound` | 404 | `not_found_error` | `invalid_request_error` / `model_not_found` |
+//! | `ResponseNotFound` | 404 | `not_found_error` | `invalid_request_error` / `response_not_found` |
 //! | `InsufficientBalance` | 402 | `billing_error` | `insufficient_quota` / `insufficient_quota` |
 //! | `RateLimited` | 429 | `rate_limit_error` | `rate_limit_error` / `rate_limit_exceeded` |
 //! | `RequestTooLarge` | 413 | `request_too_large` | `invalid_request_error` / `request_too_large` |
 //! | `HeadersTooLarge` | 431 | `invalid_request_error` | `invalid_request_error` / `request_header_fields_too_large` |
-//! | `Overloaded` | 529 / 503 | `overloaded_error` | `server_error` / `upstream_unavailable` |
+//! | `Overloaded` | 529 / 503 (messages / others) | `overloaded_error` | `server_error` / `upstream_unavailable` |
 //! | `UpstreamTimeout` | 504 | `timeout_error` | `server_error` / `upstream_timeout` |
 //!
 //! Rate-limited and overloaded answers carry `retry-after`; an answer that no retry can change
@@ -36,6 +40,8 @@ pub enum ClientFormat {
     Chat,
     /// Anthropic messages (`POST /v1/messages`, `/v1/messages/count_tokens`).
     Messages,
+    /// The OpenAI Responses API (`/v1/responses` and the stored responses under it).
+    Responses,
 }
 
 impl ClientFormat {
@@ -65,6 +71,9 @@ pub enum ErrorKind {
     ContextLengthExceeded,
     /// The model name is not a slug (nor an alias of one).
     ModelNotFound,
+    /// No stored response has this id for the caller's tenant (another tenant's is the same
+    /// answer: nothing leaks).
+    ResponseNotFound,
     /// No such route.
     RouteNotFound,
     /// The route exists but not with this method.
@@ -97,6 +106,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest { .. } => 400,
             ErrorKind::ContextLengthExceeded => 400,
             ErrorKind::ModelNotFound => 404,
+            ErrorKind::ResponseNotFound => 404,
             ErrorKind::RouteNotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::InsufficientBalance => 402,
@@ -105,7 +115,7 @@ impl ErrorKind {
             ErrorKind::HeadersTooLarge => 431,
             ErrorKind::Overloaded { .. } => match format {
                 ClientFormat::Messages => 529,
-                ClientFormat::Chat => 503,
+                ClientFormat::Chat | ClientFormat::Responses => 503,
             },
             ErrorKind::UpstreamTimeout => 504,
             ErrorKind::Upstream => 502,
@@ -121,6 +131,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest { .. } => "invalid_request_error",
             ErrorKind::ContextLengthExceeded => "invalid_request_error",
             ErrorKind::ModelNotFound => "not_found_error",
+            ErrorKind::ResponseNotFound => "not_found_error",
             ErrorKind::RouteNotFound => "not_found_error",
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::InsufficientBalance => "billing_error",
@@ -135,7 +146,7 @@ impl ErrorKind {
         }
     }
 
-    /// `error.type` and `error.code` of the chat format.
+    /// `error.type` and `error.code` of the chat format (and of the Responses API).
     pub fn chat_type_code(&self) -> (&'static str, Option<&'static str>) {
         match self {
             ErrorKind::Authentication => ("authentication_error", Some("invalid_api_key")),
@@ -144,6 +155,7 @@ impl ErrorKind {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
             ErrorKind::ModelNotFound => ("invalid_request_error", Some("model_not_found")),
+            ErrorKind::ResponseNotFound => ("invalid_request_error", Some("response_not_found")),
             ErrorKind::RouteNotFound => ("invalid_request_error", Some("not_found")),
             ErrorKind::MethodNotAllowed => ("invalid_request_error", Some("method_not_allowed")),
             ErrorKind::InsufficientBalance => ("insufficient_quota", Some("insufficient_quota")),
@@ -185,6 +197,7 @@ impl ErrorKind {
             ErrorKind::InvalidRequest { .. } => "invalid_request",
             ErrorKind::ContextLengthExceeded => "context_length",
             ErrorKind::ModelNotFound => "model_not_found",
+            ErrorKind::ResponseNotFound => "response_not_found",
             ErrorKind::RouteNotFound => "route_not_found",
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::InsufficientBalance => "insufficient_balance",
@@ -255,34 +268,67 @@ impl ApiError {
                 out.push(b'}');
             }
             ClientFormat::Chat => {
-                let (ty, code) = self.kind.chat_type_code();
                 out.extend_from_slice(br#"{"error":{"message":"#);
                 write_json_str(out, &self.message);
                 out.extend_from_slice(br#","type":""#);
-                out.extend_from_slice(ty.as_bytes());
+                out.extend_from_slice(self.kind.chat_type_code().0.as_bytes());
                 out.extend_from_slice(br#"","param":"#);
-                match &self.kind {
-                    ErrorKind::InvalidRequest { param: Some(p) } => write_json_str(out, p),
-                    ErrorKind::ContextLengthExceeded => out.extend_from_slice(br#""messages""#),
-                    ErrorKind::ModelNotFound => out.extend_from_slice(br#""model""#),
-                    _ => out.extend_from_slice(b"null"),
-                }
+                self.write_param(format, out);
                 out.extend_from_slice(br#","code":"#);
-                match (code, &self.kind) {
-                    (Some(c), _) => write_json_str(out, c),
-                    // For field errors the chat format's code is the field, like the vendor.
-                    (None, ErrorKind::InvalidRequest { param: Some(_) }) => {
-                        out.extend_from_slice(br#""invalid_value""#)
-                    }
-                    (None, _) => out.extend_from_slice(b"null"),
-                }
+                self.write_code(out);
+                out.extend_from_slice(b"}}");
+            }
+            ClientFormat::Responses => {
+                out.extend_from_slice(br#"{"error":{"type":""#);
+                out.extend_from_slice(self.kind.chat_type_code().0.as_bytes());
+                out.extend_from_slice(br#"","#);
+                self.write_responses_fields(out);
                 out.extend_from_slice(b"}}");
             }
         }
     }
 
+    /// The Responses API's error members after `type`: `"code":…,"message":…,"param":…` (no
+    /// braces). Shared by an error body (after its `type`) and a stream's `error` event (whose
+    /// `type` is `"error"`).
+    pub fn write_responses_fields(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(br#""code":"#);
+        self.write_code(out);
+        out.extend_from_slice(br#","message":"#);
+        write_json_str(out, &self.message);
+        out.extend_from_slice(br#","param":"#);
+        self.write_param(ClientFormat::Responses, out);
+    }
+
+    /// `code` of the chat and Responses shapes: the kind's code, `invalid_value` for a field
+    /// error (like the vendor), else `null`.
+    pub fn write_code(&self, out: &mut Vec<u8>) {
+        match (self.kind.chat_type_code().1, &self.kind) {
+            (Some(c), _) => write_json_str(out, c),
+            (None, ErrorKind::InvalidRequest { param: Some(_) }) => {
+                out.extend_from_slice(br#""invalid_value""#)
+            }
+            (None, _) => out.extend_from_slice(b"null"),
+        }
+    }
+
+    /// `param` of the chat and Responses shapes: the offending field, if any.
+    fn write_param(&self, format: ClientFormat, out: &mut Vec<u8>) {
+        match (&self.kind, format) {
+            (ErrorKind::InvalidRequest { param: Some(p) }, _) => write_json_str(out, p),
+            (ErrorKind::ContextLengthExceeded, ClientFormat::Responses) => {
+                out.extend_from_slice(br#""input""#)
+            }
+            (ErrorKind::ContextLengthExceeded, _) => out.extend_from_slice(br#""messages""#),
+            (ErrorKind::ModelNotFound, _) => out.extend_from_slice(br#""model""#),
+            _ => out.extend_from_slice(b"null"),
+        }
+    }
+
     /// The error as an SSE frame for a stream that has already started: `event: error` for the
-    /// messages format; `data: {"error":…}` followed by `data: [DONE]` for the chat format.
+    /// messages format; `data: {"error":…}` followed by `data: [DONE]` for the chat format; an
+    /// `error` event for the Responses API (its stream translator writes its own, numbered and
+    /// followed by `response.failed`; this one has sequence number 0).
     pub fn write_sse(&self, format: ClientFormat, request_id: &str, out: &mut Vec<u8>) {
         match format {
             ClientFormat::Messages => {
@@ -294,6 +340,11 @@ impl ApiError {
                 out.extend_from_slice(b"data: ");
                 self.write_json(format, request_id, out);
                 out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+            }
+            ClientFormat::Responses => {
+                out.extend_from_slice(b"event: error\ndata: {\"type\":\"error\",");
+                self.write_responses_fields(out);
+                out.extend_from_slice(b",\"sequence_number\":0}\n\n");
             }
         }
     }
@@ -313,6 +364,18 @@ impl std::error::Error for ApiError {}
 pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
     // Writing a `&str` into a `Vec` cannot fail.
     let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// The escaped contents of `s` as a JSON string, without the quotes (to splice inside a
+/// literal, e.g. an id after a fixed prefix).
+pub fn json_inner(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut v = Vec::with_capacity(s.len() + 8);
+    write_json_str(&mut v, s);
+    let inner = v.get(1..v.len().saturating_sub(1)).unwrap_or_default();
+    std::borrow::Cow::Owned(String::from_utf8_lossy(inner).into_owned())
 }
 
 #[cfg(test)]
@@ -356,12 +419,38 @@ mod tests {
     }
 
     #[test]
+    fn responses_shape_is_the_chat_fields_in_the_apis_order() {
+        let e = ApiError::invalid("input[2].role", "unknown role \"robot\"");
+        let body = e.body(ClientFormat::Responses, "req_1");
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"error":{"type":"invalid_request_error","code":"invalid_value","message":"unknown role \"robot\"","param":"input[2].role"}}"#
+        );
+        let e = ApiError::new(ErrorKind::ModelNotFound, "no such model");
+        let v = json(&e, ClientFormat::Responses);
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(e.status(ClientFormat::Responses), 404);
+        let e = ApiError::new(ErrorKind::ResponseNotFound, "no response");
+        let v = json(&e, ClientFormat::Responses);
+        assert_eq!(v["error"]["code"], "response_not_found");
+        assert_eq!(v["error"]["param"], serde_json::Value::Null);
+        assert_eq!(e.status(ClientFormat::Responses), 404);
+        let e = ApiError::new(ErrorKind::Overloaded { retry_after: 1 }, "busy");
+        assert_eq!(e.status(ClientFormat::Responses), 503);
+        let e = ApiError::new(ErrorKind::ContextLengthExceeded, "too long");
+        assert_eq!(json(&e, ClientFormat::Responses)["error"]["param"], "input");
+        assert_eq!(json(&e, ClientFormat::Chat)["error"]["param"], "messages");
+    }
+
+    #[test]
     fn every_kind_has_status_and_types() {
         let kinds = [
             ErrorKind::Authentication,
             ErrorKind::InvalidRequest { param: None },
             ErrorKind::ContextLengthExceeded,
             ErrorKind::ModelNotFound,
+            ErrorKind::ResponseNotFound,
             ErrorKind::RouteNotFound,
             ErrorKind::MethodNotAllowed,
             ErrorKind::InsufficientBalance,
@@ -376,7 +465,11 @@ mod tests {
         ];
         for k in kinds {
             let e = ApiError::new(k.clone(), "m");
-            for f in [ClientFormat::Chat, ClientFormat::Messages] {
+            for f in [
+                ClientFormat::Chat,
+                ClientFormat::Messages,
+                ClientFormat::Responses,
+            ] {
                 let v = json(&e, f);
                 assert!(v.is_object(), "{k:?} {f:?}");
                 assert!((400..600).contains(&e.status(f)));
@@ -431,6 +524,17 @@ mod tests {
         let s = String::from_utf8(out).unwrap();
         assert!(s.starts_with("data: {\"error\""));
         assert!(s.ends_with("data: [DONE]\n\n"));
+        let mut out = Vec::new();
+        e.write_sse(ClientFormat::Responses, "r", &mut out);
+        let s = String::from_utf8(out).unwrap();
+        let data = s
+            .strip_prefix("event: error\ndata: ")
+            .and_then(|d| d.strip_suffix("\n\n"))
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["code"], "upstream_error");
+        assert_eq!(v["message"], "upstream failed");
     }
 
     #[test]

@@ -22,6 +22,12 @@ pub enum Route {
     Chat,
     Messages,
     CountTokens,
+    /// `POST /v1/responses`: a Responses API request.
+    Responses,
+    /// `GET` / `DELETE /v1/responses/{id}`: a stored response.
+    Response,
+    /// `GET /v1/responses/{id}/input_items`: a stored response's input items.
+    ResponseInputItems,
     Models,
     Model,
     Pricing,
@@ -64,6 +70,9 @@ impl Route {
             Route::Chat => Some(ApiRoute::Chat),
             Route::Messages => Some(ApiRoute::Messages),
             Route::CountTokens => Some(ApiRoute::CountTokens),
+            Route::Responses => Some(ApiRoute::Responses),
+            Route::Response => Some(ApiRoute::Response),
+            Route::ResponseInputItems => Some(ApiRoute::ResponseInputItems),
             Route::Unrouted
             | Route::Models
             | Route::Model
@@ -93,6 +102,9 @@ impl Route {
             | Route::Chat
             | Route::Messages
             | Route::CountTokens
+            | Route::Responses
+            | Route::Response
+            | Route::ResponseInputItems
             | Route::Models
             | Route::Model
             | Route::Pricing
@@ -145,12 +157,16 @@ impl AccountRoute {
     }
 }
 
-/// The routes of the API: requests with a key, translated, admitted and metered.
+/// The routes of the API: requests with a key, translated, admitted and metered — except the
+/// two that read or delete a stored response (a key, no upstream, nothing billed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiRoute {
     Chat,
     Messages,
     CountTokens,
+    Responses,
+    Response,
+    ResponseInputItems,
 }
 
 impl ApiRoute {
@@ -159,6 +175,9 @@ impl ApiRoute {
         match self {
             ApiRoute::Chat => ClientFormat::Chat,
             ApiRoute::Messages | ApiRoute::CountTokens => ClientFormat::Messages,
+            ApiRoute::Responses | ApiRoute::Response | ApiRoute::ResponseInputItems => {
+                ClientFormat::Responses
+            }
         }
     }
 }
@@ -172,11 +191,18 @@ pub fn route(method: &http::Method, path: &str) -> Route {
         .unwrap_or(path);
     let post = method == http::Method::POST;
     let get = method == http::Method::GET || method == http::Method::HEAD;
+    let delete = method == http::Method::DELETE;
     let want = |ok: bool, r: Route| if ok { r } else { Route::MethodNotAllowed };
     match path {
         "/v1/chat/completions" => want(post, Route::Chat),
         "/v1/messages" => want(post, Route::Messages),
         "/v1/messages/count_tokens" => want(post, Route::CountTokens),
+        "/v1/responses" => want(post, Route::Responses),
+        p if p.starts_with("/v1/responses/") => match stored_response_path(p) {
+            Some((_, false)) => want(get || delete, Route::Response),
+            Some((_, true)) => want(get, Route::ResponseInputItems),
+            None => Route::NotFound,
+        },
         "/v1/models" => want(get, Route::Models),
         "/v1/pricing" => want(get, Route::Pricing),
         "/v1/plans" => want(get, Route::Plans),
@@ -195,10 +221,26 @@ pub fn route(method: &http::Method, path: &str) -> Route {
     }
 }
 
+/// `/v1/responses/{id}` → `(id, false)`, `/v1/responses/{id}/input_items` → `(id, true)`; the
+/// query string and one trailing slash are not part of it. An id is one non-empty path segment.
+pub fn stored_response_path(path: &str) -> Option<(&str, bool)> {
+    let path = path.split('?').next().unwrap_or(path);
+    let rest = path.strip_prefix("/v1/responses/")?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (id, items) = match rest.split_once('/') {
+        Some((id, "input_items")) => (id, true),
+        Some(_) => return None,
+        None => (rest, false),
+    };
+    (!id.is_empty()).then_some((id, items))
+}
+
 /// The error shape to use for a path, when the route does not decide it.
 pub fn format_for_path(path: &str) -> ClientFormat {
     if path.starts_with("/v1/messages") {
         ClientFormat::Messages
+    } else if path.starts_with("/v1/responses") {
+        ClientFormat::Responses
     } else {
         ClientFormat::Chat
     }
@@ -229,6 +271,32 @@ mod tests {
             Route::MethodNotAllowed
         );
         assert_eq!(route(&Method::POST, "/v1/models"), Route::MethodNotAllowed);
+        assert_eq!(route(&Method::POST, "/v1/responses/"), Route::Responses);
+        assert_eq!(
+            route(&Method::GET, "/v1/responses"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(route(&Method::GET, "/v1/responses/resp_1"), Route::Response);
+        assert_eq!(
+            route(&Method::DELETE, "/v1/responses/resp_1"),
+            Route::Response
+        );
+        assert_eq!(
+            route(&Method::POST, "/v1/responses/resp_1"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(
+            route(&Method::GET, "/v1/responses/resp_1/input_items?limit=5"),
+            Route::ResponseInputItems
+        );
+        assert_eq!(
+            route(&Method::DELETE, "/v1/responses/resp_1/input_items"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(
+            route(&Method::POST, "/v1/responses/resp_1/cancel"),
+            Route::NotFound
+        );
         assert_eq!(route(&Method::GET, "/api/hello"), Route::NotFound);
         assert_eq!(route(&Method::GET, "/"), Route::NotFound);
     }
@@ -240,6 +308,9 @@ mod tests {
             Route::Chat => Some((Method::POST, "/v1/chat/completions")),
             Route::Messages => Some((Method::POST, "/v1/messages")),
             Route::CountTokens => Some((Method::POST, "/v1/messages/count_tokens")),
+            Route::Responses => Some((Method::POST, "/v1/responses")),
+            Route::Response => Some((Method::GET, "/v1/responses/resp_0123")),
+            Route::ResponseInputItems => Some((Method::GET, "/v1/responses/resp_0123/input_items")),
             Route::Models => Some((Method::GET, "/v1/models")),
             Route::Model => Some((Method::GET, "/v1/models/colibri")),
             Route::Pricing => Some((Method::GET, "/v1/pricing")),
@@ -266,6 +337,32 @@ mod tests {
                 assert_eq!(route(&method, path), r, "{method} {path}");
             }
         }
+    }
+
+    #[test]
+    fn stored_response_paths() {
+        assert_eq!(
+            stored_response_path("/v1/responses/resp_1"),
+            Some(("resp_1", false))
+        );
+        assert_eq!(
+            stored_response_path("/v1/responses/resp_1/"),
+            Some(("resp_1", false))
+        );
+        assert_eq!(
+            stored_response_path("/v1/responses/resp_1/input_items?limit=2"),
+            Some(("resp_1", true))
+        );
+        assert_eq!(stored_response_path("/v1/responses/"), None);
+        assert_eq!(stored_response_path("/v1/responses/a/b"), None);
+        assert_eq!(
+            format_for_path("/v1/responses/x/cancel"),
+            ClientFormat::Responses
+        );
+        assert_eq!(
+            Route::ResponseInputItems.format("/x"),
+            ClientFormat::Responses
+        );
     }
 
     #[test]

@@ -10,6 +10,12 @@
 //! | `completion_tokens` | `usage.completion_tokens` | `completion_tokens` | `output_tokens` |
 //! | — | — | — | `cache_creation_input_tokens` = 0 |
 //!
+//! The Responses API reports like the chat format: `input_tokens` = `prompt_tokens` (cached
+//! included), `input_tokens_details.cached_tokens`, `output_tokens` = `completion_tokens`, and
+//! `output_tokens_details.reasoning_tokens` from the upstream's
+//! `usage.completion_tokens_details.reasoning_tokens` when it sends one (reported only, never
+//! billed apart: reasoning tokens are output tokens).
+//!
 //! Billing: uncached input = `prompt_tokens − cached_tokens` (never negative: an upstream that
 //! reports more cached than prompt tokens is clamped), charged at the input rate; cached at the
 //! cache rate; completion at the output rate. Nothing is counted twice.
@@ -50,12 +56,20 @@ pub struct UpstreamUsage {
     pub completion_tokens: Option<u64>,
     #[serde(default)]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    #[serde(default)]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub struct PromptTokensDetails {
     #[serde(default)]
     pub cached_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct CompletionTokensDetails {
+    #[serde(default)]
+    pub reasoning_tokens: Option<u64>,
 }
 
 /// llama.cpp's `timings` object, the cached-token fallback of its older builds (its home is
@@ -68,6 +82,13 @@ impl UpstreamUsage {
         self.prompt_tokens_details
             .as_ref()
             .is_some_and(|d| d.cached_tokens.is_some())
+    }
+
+    /// The reasoning part of the completion, when the upstream reports it.
+    pub fn reasoning_tokens(&self) -> Option<u64> {
+        self.completion_tokens_details
+            .as_ref()
+            .and_then(|d| d.reasoning_tokens)
     }
 
     /// Converts to [`Usage`]; `timings` is the llama.cpp fallback for the cached count.

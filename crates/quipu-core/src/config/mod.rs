@@ -23,12 +23,14 @@
 //! - [`store`]: `[store]`, `[billing]`, and [`redact_url`];
 //! - [`models`]: `[[models]]`; their replica URLs in [`replica`];
 //! - [`catalog`]: `[aliases]` (and [`glob_match`]), `[[plans]]`;
+//! - [`responses`]: `[responses]` (stored responses of the Responses API);
 //! - [`secrets`]: `"env:NAME"` values.
 
 pub mod catalog;
 pub mod models;
 pub mod raw;
 pub mod replica;
+pub mod responses;
 pub mod secrets;
 pub mod server;
 pub mod store;
@@ -39,10 +41,11 @@ mod tests;
 pub use catalog::{glob_match, Alias, Plan};
 pub use models::{Health, Model, Routing, Timeouts, UpstreamTls};
 pub use raw::{
-    RawBilling, RawConfig, RawHealth, RawLimits, RawModel, RawPlan, RawPrices, RawSecurity,
-    RawServer, RawStore, RawStreaming, RawTimeouts, RawTls, RawUpstreamTls,
+    RawBilling, RawConfig, RawHealth, RawLimits, RawModel, RawPlan, RawPrices, RawResponses,
+    RawSecurity, RawServer, RawStore, RawStreaming, RawTimeouts, RawTls, RawUpstreamTls,
 };
 pub use replica::{parse_replica, Replica};
+pub use responses::Responses;
 pub use server::{
     ImageUrlPolicy, Limits, ReasoningField, Security, Server, Streaming, TlsFiles,
     PINGORA_MAX_HEAD_BYTES,
@@ -63,6 +66,7 @@ pub struct Config {
     pub limits: Limits,
     pub streaming: Streaming,
     pub security: Security,
+    pub responses: Responses,
     pub models: Vec<Model>,
     pub aliases: Vec<Alias>,
     pub plans: Vec<Plan>,
@@ -124,6 +128,7 @@ impl Config {
             limits,
             streaming,
             security,
+            responses,
             models,
             aliases,
             plans,
@@ -135,6 +140,7 @@ impl Config {
         let limits = server::limits(limits);
         let streaming = server::validate_streaming(streaming, &mut errs);
         let security = server::validate_security(security, &mut errs);
+        let responses = responses::validate_responses(responses, &mut errs);
         let models = models::validate_models(models, env, &mut errs);
         let aliases = catalog::validate_aliases(aliases, &models, &mut errs);
         let plans = catalog::validate_plans(plans, &mut errs);
@@ -146,6 +152,7 @@ impl Config {
                 limits,
                 streaming,
                 security,
+                responses,
                 models,
                 aliases,
                 plans,

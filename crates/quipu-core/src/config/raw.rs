@@ -25,6 +25,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub security: RawSecurity,
     #[serde(default)]
+    pub responses: RawResponses,
+    #[serde(default)]
     pub models: Vec<RawModel>,
     /// Other model names (glob patterns with `*` and `?`) → slug.
     #[serde(default)]
@@ -232,6 +234,27 @@ impl Default for RawSecurity {
     fn default() -> Self {
         RawSecurity {
             image_urls: "forward".into(),
+        }
+    }
+}
+
+/// `[responses]`: stored responses of the Responses API (see `config::responses`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawResponses {
+    pub retention_days: u64,
+    pub max_mib_per_tenant: u64,
+    pub cleanup_interval_s: u64,
+    pub max_queued_mib: u64,
+}
+
+impl Default for RawResponses {
+    fn default() -> Self {
+        RawResponses {
+            retention_days: 30,
+            max_mib_per_tenant: 256,
+            cleanup_interval_s: 300,
+            max_queued_mib: 64,
         }
     }
 }

@@ -9,6 +9,9 @@
 //!   upstream responses and streams → chat format (slug splice, usage-chunk filtering).
 //! - [`messages`]: messages-format requests → upstream; upstream responses and streams →
 //!   messages format (content blocks, event sequence, usage semantics).
+//! - [`responses`]: the OpenAI Responses API — requests (input items, tools, a stored
+//!   conversation) → upstream; upstream responses and streams → response objects and the API's
+//!   numbered event sequence.
 //! - [`upstream_body`]: what every upstream request body says alike (model, reasoning switch,
 //!   prefill, stream options).
 //! - [`upstream_error`]: upstream error bodies → client errors.
@@ -21,6 +24,7 @@ pub mod chat;
 pub mod image_url;
 pub mod json_scan;
 pub mod messages;
+pub mod responses;
 pub mod splice;
 pub mod upstream_body;
 pub mod upstream_error;
@@ -129,6 +133,12 @@ pub trait StreamTranslator: Send {
     fn end(&self) -> StreamEnd;
     /// The client-format error the stream ended with, if it failed.
     fn error(&self) -> Option<&ApiError>;
+    /// The finished response object, once, for a format whose responses the gateway stores
+    /// (the Responses API, when the request asked to store it); `None` for the others and
+    /// while the stream is open.
+    fn take_object(&mut self) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// Feeds raw upstream bytes through an SSE decoder into a translator.

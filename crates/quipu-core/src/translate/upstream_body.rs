@@ -53,6 +53,29 @@ pub fn write_switch(
     Ok(())
 }
 
+/// A client's reasoning request, as the chat format and the Responses API both take it:
+/// `on` (reasoning asked on or off, `None` when the client said neither) merges the model's
+/// `thinking_on` / `thinking_off` keys, and an effort of `low`, `medium` or `high` is passed on
+/// as `reasoning_effort` (vLLM's and SGLang's field; other efforts only switch reasoning).
+pub fn write_reasoning(
+    out: &mut Vec<u8>,
+    model: &Model,
+    on: Option<bool>,
+    effort: Option<&str>,
+) -> Result<(), ApiError> {
+    let switch = match on {
+        Some(true) => model.thinking_on.as_ref(),
+        Some(false) => model.thinking_off.as_ref(),
+        None => None,
+    };
+    write_switch(out, switch)?;
+    if let Some(e @ ("low" | "medium" | "high")) = effort {
+        out.extend_from_slice(b",\"reasoning_effort\":");
+        write_json_str(out, e);
+    }
+    Ok(())
+}
+
 /// Ends the body for `endpoint`. `continue_final`: the prompt ends with an assistant message
 /// the model should continue (a messages-format prefill); honoured on models whose `prefill`
 /// switch is on.

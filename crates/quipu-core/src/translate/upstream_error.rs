@@ -164,6 +164,16 @@ pub fn context_overflow(n: ContextNumbers, format: ClientFormat) -> ApiError {
         (ClientFormat::Chat, _, _, _) => {
             "The messages exceed this model's maximum context length. Please reduce the length of the messages.".to_owned()
         }
+        // The Responses API's own wording, with the numbers when the upstream gave them.
+        (ClientFormat::Responses, Some(p), _, Some(m)) if p >= m => format!(
+            "Your input exceeds the context window of this model: {p} input tokens, {m} maximum. Please adjust your input and try again."
+        ),
+        (ClientFormat::Responses, Some(p), Some(c), Some(m)) => format!(
+            "Your input exceeds the context window of this model: {p} input tokens + {c} max_output_tokens > {m}. Please adjust your input or max_output_tokens and try again."
+        ),
+        (ClientFormat::Responses, _, _, _) => {
+            "Your input exceeds the context window of this model. Please adjust your input and try again.".to_owned()
+        }
     };
     ApiError::new(ErrorKind::ContextLengthExceeded, message)
 }

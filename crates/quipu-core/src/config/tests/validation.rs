@@ -53,6 +53,36 @@ routing = "random"
 }
 
 #[test]
+fn responses_section_defaults_and_bounds() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.responses.retention, Duration::from_secs(30 * 86_400));
+    assert_eq!(c.responses.max_bytes_per_tenant, 256 * 1024 * 1024);
+    assert_eq!(c.responses.cleanup_interval, Duration::from_secs(300));
+    assert_eq!(c.responses.max_queued_bytes, 64 * 1024 * 1024);
+    let c = parse(&format!(
+        "[responses]\nretention_days = 1\nmax_mib_per_tenant = 2\ncleanup_interval_s = 5\nmax_queued_mib = 1\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert_eq!(c.responses.retention, Duration::from_secs(86_400));
+    assert_eq!(c.responses.max_bytes_per_tenant, 2 * 1024 * 1024);
+    let e = parse(&format!(
+        "[responses]\nretention_days = 0\nmax_mib_per_tenant = 0\ncleanup_interval_s = 0\nmax_queued_mib = 0\n{MINIMAL}"
+    ))
+    .unwrap_err()
+    .0
+    .join("\n");
+    for key in [
+        "responses.retention_days",
+        "responses.max_mib_per_tenant",
+        "responses.cleanup_interval_s",
+        "responses.max_queued_mib",
+    ] {
+        assert!(e.contains(key), "{key} missing in {e}");
+    }
+    assert!(parse(&format!("[responses]\nkeep = true\n{MINIMAL}")).is_err());
+}
+
+#[test]
 fn shutdown_flush_and_spill_dir() {
     let c = parse(MINIMAL).unwrap();
     assert_eq!(c.store.shutdown_flush_timeout, Duration::from_secs(30));

@@ -142,6 +142,44 @@ pub fn write_compact_escaped(out: &mut Vec<u8>, raw: &str) -> bool {
     true
 }
 
+/// Appends `raw` (a JSON value serde_json has read) without the whitespace between its tokens:
+/// one line, whatever the client's indentation, so it can be echoed inside an SSE `data:`
+/// line. Strings are copied as written. No allocation; the common case (nothing to drop) is
+/// one `extend_from_slice`.
+pub fn write_compact(out: &mut Vec<u8>, raw: &str) {
+    let bytes = raw.as_bytes();
+    if memchr::memchr3(b'\n', b'\r', b' ', bytes).is_none()
+        && memchr::memchr(b'\t', bytes).is_none()
+    {
+        out.extend_from_slice(bytes);
+        return;
+    }
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b' ' | b'\n' | b'\r' | b'\t' => {
+                out.extend_from_slice(&bytes[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
 /// Whether the JSON text nests no deeper than [`MAX_DEPTH`].
 pub fn depth_ok(raw: &str) -> bool {
     let bytes = raw.as_bytes();
@@ -207,6 +245,21 @@ mod tests {
             assert_eq!(a, b);
             assert!(!as_string.contains(": "), "{as_string}");
         }
+    }
+
+    #[test]
+    fn compact_keeps_strings_and_drops_the_rest() {
+        let src = "{\n  \"a b\": [ 1, \"x \\\" y\\n\" ],\t\"c\" : {} }";
+        let mut out = Vec::new();
+        write_compact(&mut out, src);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text, r#"{"a b":[1,"x \" y\n"],"c":{}}"#);
+        let a: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let b: serde_json::Value = serde_json::from_str(src).unwrap();
+        assert_eq!(a, b);
+        let mut out = Vec::new();
+        write_compact(&mut out, r#"{"k":"v"}"#);
+        assert_eq!(out, br#"{"k":"v"}"#);
     }
 
     #[test]

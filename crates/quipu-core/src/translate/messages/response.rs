@@ -95,6 +95,11 @@ pub fn stop_reason(
 /// in a 200 body or mid-stream, as the client's error. The status is the object's `code` when
 /// it is an HTTP status, else 500.
 pub fn upstream_error(body: &[u8], ctx: &ResponseContext) -> ApiError {
+    upstream_error_in(body, ctx, ClientFormat::Messages)
+}
+
+/// [`upstream_error`] in another client format (its context-overflow wording).
+pub fn upstream_error_in(body: &[u8], ctx: &ResponseContext, format: ClientFormat) -> ApiError {
     #[derive(Deserialize, Default)]
     struct Env<'a> {
         #[serde(borrow, default)]
@@ -127,7 +132,7 @@ pub fn upstream_error(body: &[u8], ctx: &ResponseContext) -> ApiError {
             upstream_model: &ctx.upstream_model,
             slug: &ctx.slug,
         },
-        ClientFormat::Messages,
+        format,
     )
 }
 

@@ -3,7 +3,7 @@
 //! into the model's reasoning switch and `reasoning_effort`.
 
 use crate::config::Model;
-use crate::error::{write_json_str, ApiError};
+use crate::error::ApiError;
 use crate::translate::upstream_body;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -155,15 +155,5 @@ pub(super) fn write_reasoning(
         (Some(true), _) | (_, Some(_)) => Some(true),
         (None, None) => None,
     };
-    let switch = match on {
-        Some(true) => model.thinking_on.as_ref(),
-        Some(false) => model.thinking_off.as_ref(),
-        None => None,
-    };
-    upstream_body::write_switch(out, switch)?;
-    if let Some(e @ ("low" | "medium" | "high")) = effort {
-        out.extend_from_slice(b",\"reasoning_effort\":");
-        write_json_str(out, e);
-    }
-    Ok(())
+    upstream_body::write_reasoning(out, model, on, effort)
 }

@@ -1,0 +1,744 @@
+//! The streaming translator: upstream chat-completion chunks in, the Responses API's events
+//! out. Incremental — each upstream payload is parsed once, borrowed, and turned into events
+//! at once; every delta goes out with the chunk that carried it.
+//!
+//! Output: `event: <type>\ndata: {"type":"<type>","sequence_number":N,…}\n\n`, `N` counting
+//! from 0 without a gap:
+//!
+//! 1. `response.created` then `response.in_progress`, on the first chunk, each with the
+//!    response object (`status: in_progress`, no output, `usage: null`).
+//! 2. Output items in order, one open at a time, `output_index` from 0. Per chunk the delta is
+//!    read in the order reasoning → content → tool calls, as the messages format reads it.
+//!    - reasoning: `response.output_item.added` (a `reasoning` item), `response.content_part.added`
+//!      (a `reasoning_text` part), `response.reasoning_text.delta` per fragment; when the item
+//!      closes, `response.reasoning_text.done`, `response.content_part.done`,
+//!      `response.output_item.done` (the whole item).
+//!    - text: the same with a `message` item, an `output_text` part and
+//!      `response.output_text.delta` / `.done`.
+//!    - a tool call: `response.output_item.added` (a `function_call` item with its `call_id`
+//!      and the client's `name` and `namespace`) once its name is known, then
+//!      `response.function_call_arguments.delta` per fragment, `.done` and
+//!      `response.output_item.done` when it closes (`{}` as a last delta when the call had no
+//!      arguments). Which fragment belongs to which call, interleaved parallel calls held back
+//!      (bounded by [`MAX_HELD_ARGUMENTS`]) until the open call's arguments are complete, and
+//!      the incremental check of the arguments ([`ObjectScanner`]): exactly as the messages
+//!      stream does it (its module docs, 2–4).
+//! 3. On `finish_reason`: held calls are started, the open item is closed, and the end is held
+//!    until the usage-only chunk (OpenAI-style servers send usage after the finish), then
+//!    `response.completed` — or `response.incomplete` (`length` → `max_output_tokens`, the
+//!    last item `incomplete`; `content_filter`) — with the whole response object: every output
+//!    item and the usage. `[DONE]` or the end of the stream without a usage chunk releases it
+//!    with the usage known so far. A call cut off inside its arguments by `length` is an
+//!    `incomplete` item; with another finish reason its arguments are malformed (below).
+//! 4. Failure — a mid-stream `{"error":…}`, an unreadable chunk, malformed tool arguments, a
+//!    finish the upstream gives for a failed generation (`abort`, `error`, unknown), a stream
+//!    that ends before any finish, or [`on_failure`] — writes an `error` event (`code`,
+//!    `message`, `param`) then `response.failed` (the object with `status: failed`, its
+//!    `error`, the items finished so far), and ends the stream. An error that comes with the
+//!    finish is held like the end, so the usage chunk after it is still metered.
+//!
+//! What is kept: the open item's text (for its `.done` events) and the finished items (for
+//! `response.completed`, which carries them all, and for storage) — the reply itself, which
+//! the protocol sends again at the end; never anything to re-read per chunk.
+//!
+//! [`on_failure`]: StreamTranslator::on_failure
+
+use super::object::{
+    reasoning_tokens, write_call_item, write_item_id, write_message_item, write_object,
+    write_reasoning_item, write_reasoning_part, write_text_part, ItemStatus, Status, Totals,
+};
+use super::response::status_of;
+use super::ResponsesContext;
+use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
+use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
+use crate::translate::json_scan::{ObjectScanner, Scan};
+use crate::translate::messages::response::{
+    incomplete_tool_arguments, malformed_tool_arguments, stop_reason, upstream_error_in, StopReason,
+};
+use crate::translate::{json_failure, malformed_stream, scrub_error, StreamEnd, StreamTranslator};
+use crate::usage::Usage;
+
+/// Most bytes of tool arguments held back for calls waiting for their item (as in the
+/// messages stream: a response is at most 8192 tokens).
+pub const MAX_HELD_ARGUMENTS: usize = 1024 * 1024;
+
+/// The item currently open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    None,
+    Reasoning,
+    Message,
+    /// A tool call, by its position in `tools`.
+    Call(usize),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallState {
+    Waiting,
+    Open,
+    Closed,
+}
+
+/// One upstream tool call.
+#[derive(Debug)]
+struct ToolCall {
+    /// The upstream's `index` for it.
+    index: u32,
+    /// Its `call_id`: the upstream's id, or minted when its item started without one.
+    id: String,
+    minted: bool,
+    name: String,
+    state: CallState,
+    /// Fragments received before its item could start.
+    pending: String,
+    /// The arguments forwarded so far.
+    arguments: String,
+    scan: ObjectScanner,
+}
+
+/// The Responses API stream translator (see the module docs).
+pub struct ResponsesStream {
+    ctx: ResponsesContext,
+    seq: u64,
+    started: bool,
+    open: Open,
+    /// `output_index` of the open item.
+    open_index: u32,
+    next_index: u32,
+    /// The open reasoning or message item's text so far.
+    text: String,
+    /// Finished items, comma-separated.
+    output: Vec<u8>,
+    tools: Vec<ToolCall>,
+    last_tool_index: u32,
+    /// The finish: the status the response completes with once usage is known.
+    held: Option<Status>,
+    held_error: Option<ApiError>,
+    held_bytes: usize,
+    usage: Option<Usage>,
+    reported_reasoning: Option<u64>,
+    fragments_since_usage: u64,
+    reasoning_bytes: usize,
+    output_bytes: usize,
+    end: StreamEnd,
+    error: Option<ApiError>,
+    /// The final response object, when it is to be stored.
+    object: Option<Vec<u8>>,
+}
+
+#[inline]
+fn frame_close(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"}\n\n");
+}
+
+impl ResponsesStream {
+    pub fn new(ctx: ResponsesContext) -> Self {
+        ResponsesStream {
+            ctx,
+            seq: 0,
+            started: false,
+            open: Open::None,
+            open_index: 0,
+            next_index: 0,
+            text: String::new(),
+            output: Vec::new(),
+            tools: Vec::new(),
+            last_tool_index: 0,
+            held: None,
+            held_error: None,
+            held_bytes: 0,
+            usage: None,
+            reported_reasoning: None,
+            fragments_since_usage: 0,
+            reasoning_bytes: 0,
+            output_bytes: 0,
+            end: StreamEnd::Open,
+            error: None,
+            object: None,
+        }
+    }
+
+    /// `event: <name>\ndata: {"type":"<name>","sequence_number":N` — the caller writes the
+    /// rest of the object, then [`frame_close`].
+    fn event(&mut self, out: &mut Vec<u8>, name: &str) {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\ndata: {\"type\":\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\",\"sequence_number\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.seq).as_bytes());
+        self.seq += 1;
+    }
+
+    /// `,"item_id":"…","output_index":N` of the open item.
+    fn item_ref(&self, out: &mut Vec<u8>, prefix: &str) {
+        out.extend_from_slice(b",\"item_id\":");
+        write_item_id(out, prefix, &self.ctx, self.open_index);
+        out.extend_from_slice(b",\"output_index\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.open_index).as_bytes());
+    }
+
+    fn totals(&self) -> Totals {
+        let usage = self.usage();
+        Totals {
+            usage,
+            reasoning_tokens: reasoning_tokens(
+                usage.completion_tokens,
+                self.reported_reasoning,
+                self.reasoning_bytes,
+                self.output_bytes,
+            ),
+        }
+    }
+
+    /// A lifecycle event carrying the response object.
+    fn lifecycle(
+        &mut self,
+        out: &mut Vec<u8>,
+        name: &str,
+        status: Status,
+        error: Option<&ApiError>,
+    ) {
+        self.event(out, name);
+        out.extend_from_slice(b",\"response\":");
+        let at = out.len();
+        let totals = match status {
+            Status::InProgress => None,
+            _ => Some(self.totals()),
+        };
+        write_object(out, &self.ctx, status, error, &self.output, totals.as_ref());
+        if self.ctx.keep_object && status != Status::InProgress {
+            self.object = Some(out[at..].to_vec());
+        }
+        frame_close(out);
+    }
+
+    /// `response.created` and `response.in_progress`, once.
+    fn ensure_started(&mut self, out: &mut Vec<u8>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        self.lifecycle(out, "response.created", Status::InProgress, None);
+        self.lifecycle(out, "response.in_progress", Status::InProgress, None);
+    }
+
+    /// `response.output_item.added` for a new item; the caller writes the item, then closes.
+    fn add_item(&mut self, kind: Open, out: &mut Vec<u8>) {
+        self.close_item(out, false);
+        self.open = kind;
+        self.open_index = self.next_index;
+        self.next_index = self.next_index.saturating_add(1);
+        self.text.clear();
+        self.event(out, "response.output_item.added");
+        out.extend_from_slice(b",\"output_index\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.open_index).as_bytes());
+        out.extend_from_slice(b",\"item\":");
+    }
+
+    /// Appends the finished item to `output` and writes `response.output_item.done` with it.
+    fn item_done(
+        &mut self,
+        out: &mut Vec<u8>,
+        write: impl FnOnce(&ResponsesContext, &mut Vec<u8>),
+    ) {
+        if !self.output.is_empty() {
+            self.output.push(b',');
+        }
+        let at = self.output.len();
+        write(&self.ctx, &mut self.output);
+        self.event(out, "response.output_item.done");
+        out.extend_from_slice(b",\"output_index\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.open_index).as_bytes());
+        out.extend_from_slice(b",\"item\":");
+        out.extend_from_slice(&self.output[at..]);
+        frame_close(out);
+    }
+
+    /// Closes the open item with its `.done` events. `last_of_incomplete`: the response is
+    /// ending incomplete and this is its last item.
+    fn close_item(&mut self, out: &mut Vec<u8>, last_of_incomplete: bool) {
+        let index = self.open_index;
+        let cut = |partial: bool| match last_of_incomplete || partial {
+            true => ItemStatus::Incomplete,
+            false => ItemStatus::Completed,
+        };
+        match self.open {
+            Open::None => return,
+            Open::Reasoning => {
+                let text = std::mem::take(&mut self.text);
+                self.event(out, "response.reasoning_text.done");
+                self.item_ref(out, "rs");
+                out.extend_from_slice(b",\"content_index\":0,\"text\":");
+                write_json_str(out, &text);
+                frame_close(out);
+                self.event(out, "response.content_part.done");
+                self.item_ref(out, "rs");
+                out.extend_from_slice(b",\"content_index\":0,\"part\":");
+                write_reasoning_part(out, Some(&text));
+                frame_close(out);
+                self.item_done(out, |ctx, o| {
+                    write_reasoning_item(o, ctx, index, Some(&text), cut(false))
+                });
+                self.text = text;
+            }
+            Open::Message => {
+                let text = std::mem::take(&mut self.text);
+                self.event(out, "response.output_text.done");
+                self.item_ref(out, "msg");
+                out.extend_from_slice(b",\"content_index\":0,\"text\":");
+                write_json_str(out, &text);
+                out.extend_from_slice(b",\"logprobs\":[]");
+                frame_close(out);
+                self.event(out, "response.content_part.done");
+                self.item_ref(out, "msg");
+                out.extend_from_slice(b",\"content_index\":0,\"part\":");
+                write_text_part(out, Some(&text));
+                frame_close(out);
+                self.item_done(out, |ctx, o| {
+                    write_message_item(o, ctx, index, Some(&text), cut(false))
+                });
+                self.text = text;
+            }
+            Open::Call(slot) => {
+                let Some(t) = self.tools.get_mut(slot) else {
+                    self.open = Open::None;
+                    return;
+                };
+                t.state = CallState::Closed;
+                let partial = t.scan.status() == Scan::Partial;
+                let (id, name) = (std::mem::take(&mut t.id), std::mem::take(&mut t.name));
+                let mut arguments = std::mem::take(&mut t.arguments);
+                if arguments.is_empty() {
+                    self.arguments_delta("{}", out);
+                    arguments.push_str("{}");
+                }
+                self.event(out, "response.function_call_arguments.done");
+                self.item_ref(out, "fc");
+                out.extend_from_slice(b",\"arguments\":");
+                write_json_str(out, &arguments);
+                frame_close(out);
+                let status = cut(partial);
+                self.item_done(out, |ctx, o| {
+                    write_call_item(o, ctx, index, Some(&id), &name, &arguments, status)
+                });
+                if let Some(t) = self.tools.get_mut(slot) {
+                    (t.id, t.name, t.arguments) = (id, name, arguments);
+                }
+            }
+        }
+        self.open = Open::None;
+    }
+
+    fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.open != Open::Reasoning {
+            self.add_item(Open::Reasoning, out);
+            write_reasoning_item(
+                out,
+                &self.ctx,
+                self.open_index,
+                None,
+                ItemStatus::InProgress,
+            );
+            frame_close(out);
+            self.event(out, "response.content_part.added");
+            self.item_ref(out, "rs");
+            out.extend_from_slice(b",\"content_index\":0,\"part\":");
+            write_reasoning_part(out, None);
+            frame_close(out);
+        }
+        self.event(out, "response.reasoning_text.delta");
+        self.item_ref(out, "rs");
+        out.extend_from_slice(b",\"content_index\":0,\"delta\":");
+        write_json_str(out, text);
+        frame_close(out);
+        self.text.push_str(text);
+        self.reasoning_bytes += text.len();
+        self.output_bytes += text.len();
+    }
+
+    fn message(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.open != Open::Message {
+            self.add_item(Open::Message, out);
+            write_message_item(
+                out,
+                &self.ctx,
+                self.open_index,
+                None,
+                ItemStatus::InProgress,
+            );
+            frame_close(out);
+            self.event(out, "response.content_part.added");
+            self.item_ref(out, "msg");
+            out.extend_from_slice(b",\"content_index\":0,\"part\":");
+            write_text_part(out, None);
+            frame_close(out);
+        }
+        self.event(out, "response.output_text.delta");
+        self.item_ref(out, "msg");
+        out.extend_from_slice(b",\"content_index\":0,\"delta\":");
+        write_json_str(out, text);
+        out.extend_from_slice(b",\"logprobs\":[]");
+        frame_close(out);
+        self.text.push_str(text);
+        self.output_bytes += text.len();
+    }
+
+    /// `response.function_call_arguments.delta` for the open call.
+    fn arguments_delta(&mut self, fragment: &str, out: &mut Vec<u8>) {
+        self.event(out, "response.function_call_arguments.delta");
+        self.item_ref(out, "fc");
+        out.extend_from_slice(b",\"delta\":");
+        write_json_str(out, fragment);
+        frame_close(out);
+    }
+
+    fn start_call(&mut self, slot: usize, out: &mut Vec<u8>) {
+        self.add_item(Open::Call(slot), out);
+        let index = self.open_index;
+        let base = self.ctx.id_base().to_owned();
+        let Some(t) = self.tools.get_mut(slot) else {
+            return;
+        };
+        if t.id.is_empty() {
+            t.id = format!("call_{base}_{index}");
+            t.minted = true;
+        }
+        t.state = CallState::Open;
+        let (id, name) = (t.id.clone(), t.name.clone());
+        let pending = std::mem::take(&mut t.pending);
+        write_call_item(
+            out,
+            &self.ctx,
+            index,
+            Some(&id),
+            &name,
+            "",
+            ItemStatus::InProgress,
+        );
+        frame_close(out);
+        self.held_bytes = self.held_bytes.saturating_sub(pending.len());
+        if !pending.is_empty() {
+            self.call_fragment(slot, &pending, out);
+        }
+    }
+
+    /// Forwards a fragment of the open call's arguments.
+    fn call_fragment(&mut self, slot: usize, fragment: &str, out: &mut Vec<u8>) {
+        self.arguments_delta(fragment, out);
+        if let Some(t) = self.tools.get_mut(slot) {
+            t.arguments.push_str(fragment);
+        }
+        self.output_bytes += fragment.len();
+    }
+
+    /// Whether a waiting call may start now (as in the messages stream).
+    fn may_start(&self, slot: usize) -> bool {
+        let named = self.tools.get(slot).is_some_and(|t| !t.name.is_empty());
+        let free = match self.open {
+            Open::Call(s) if s != slot => self
+                .tools
+                .get(s)
+                .is_none_or(|t| t.scan.status() == Scan::Complete),
+            _ => true,
+        };
+        named && free
+    }
+
+    /// Once the open call's arguments are complete, starts the calls held behind it.
+    fn advance(&mut self, out: &mut Vec<u8>) {
+        while let Open::Call(s) = self.open {
+            if self
+                .tools
+                .get(s)
+                .is_none_or(|t| t.scan.status() != Scan::Complete)
+            {
+                return;
+            }
+            let next = self
+                .tools
+                .iter()
+                .position(|t| t.state == CallState::Waiting && !t.name.is_empty());
+            match next {
+                Some(w) => self.start_call(w, out),
+                None => return,
+            }
+        }
+    }
+
+    /// One entry of `delta.tool_calls` (the messages stream's rules).
+    fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
+        let index = tc.index.unwrap_or(self.last_tool_index);
+        self.last_tool_index = index;
+        let id = tc.id.as_deref().filter(|s| !s.is_empty());
+        let (name, args) = match &tc.function {
+            Some(f) => (
+                f.name.as_deref().filter(|s| !s.is_empty()),
+                f.arguments.as_deref().filter(|s| !s.is_empty()),
+            ),
+            None => (None, None),
+        };
+        let known = self.tools.iter().rposition(|t| t.index == index);
+        let slot = match known {
+            Some(s)
+                if id.is_none_or(|id| {
+                    let t = &self.tools[s];
+                    t.id.is_empty() || t.minted || t.id == id
+                }) =>
+            {
+                s
+            }
+            _ => {
+                self.tools.push(ToolCall {
+                    index,
+                    id: String::new(),
+                    minted: false,
+                    name: String::new(),
+                    state: CallState::Waiting,
+                    pending: String::new(),
+                    arguments: String::new(),
+                    scan: ObjectScanner::new(),
+                });
+                self.tools.len() - 1
+            }
+        };
+        let Some(t) = self.tools.get_mut(slot) else {
+            return Ok(());
+        };
+        if let (true, Some(id)) = (t.id.is_empty(), id) {
+            id.clone_into(&mut t.id);
+        }
+        if let (true, Some(name)) = (t.name.is_empty(), name) {
+            name.clone_into(&mut t.name);
+        }
+        let was_complete = t.scan.status() == Scan::Complete;
+        let args = match args {
+            Some(a) => match t.scan.feed(a) {
+                Scan::Invalid => return Err(malformed_tool_arguments()),
+                Scan::Empty => None,
+                _ => Some(a),
+            },
+            None => None,
+        };
+        match t.state {
+            CallState::Waiting => {
+                if let Some(a) = args {
+                    if self.held_bytes + a.len() > MAX_HELD_ARGUMENTS {
+                        return Err(ApiError::new(
+                            ErrorKind::Upstream,
+                            "the model server interleaved parallel tool calls beyond what the gateway can hold back",
+                        ));
+                    }
+                    self.held_bytes += a.len();
+                    t.pending.push_str(a);
+                }
+                if self.may_start(slot) {
+                    self.start_call(slot, out);
+                }
+            }
+            CallState::Open => {
+                if let Some(a) = args {
+                    self.call_fragment(slot, a, out);
+                }
+            }
+            CallState::Closed => {
+                if args.is_some_and(|a| !(was_complete && a.trim_ascii().is_empty())) {
+                    return Err(ApiError::new(
+                        ErrorKind::Upstream,
+                        "the model server sent tool-call arguments after the call's item had to be closed (interleaved with other output); the call's arguments would be incomplete",
+                    ));
+                }
+            }
+        }
+        self.advance(out);
+        Ok(())
+    }
+
+    fn flush_pending_calls(&mut self, out: &mut Vec<u8>) {
+        for slot in 0..self.tools.len() {
+            if self.tools[slot].state == CallState::Waiting {
+                self.start_call(slot, out);
+            }
+        }
+    }
+
+    /// The finish chunk: close the items and hold the end (or the error the finish is).
+    fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
+        let had_tools = !self.tools.is_empty();
+        let stop = match stop_reason(Some(finish), choice.matched_stop_string(), had_tools) {
+            Ok(stop) => stop,
+            Err(e) => {
+                self.held_error = Some(e);
+                return;
+            }
+        };
+        let partial = || self.tools.iter().any(|t| t.scan.status() == Scan::Partial);
+        if partial() && stop != StopReason::MaxTokens {
+            self.held_error = Some(incomplete_tool_arguments(finish));
+            return;
+        }
+        let status = status_of(stop);
+        self.flush_pending_calls(out);
+        self.close_item(out, matches!(status, Status::Incomplete(_)));
+        self.held = Some(status);
+    }
+
+    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
+        let chunk: ChatChunk<'_> = serde_json::from_slice(data)
+            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
+        if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
+            return Err(upstream_error_in(
+                data,
+                &self.ctx.base,
+                ClientFormat::Responses,
+            ));
+        }
+        self.ensure_started(out);
+        let chunk_usage = chunk.usage();
+        let choices = chunk.choices.as_deref().unwrap_or_default();
+        let mut fragments = 0u64;
+        let mut result = Ok(());
+        let over = self.held.is_some() || self.held_error.is_some();
+        let choice = match over {
+            false => choices.iter().find(|c| c.index == 0),
+            true => None,
+        };
+        if let Some(choice) = choice {
+            if let Some(d) = &choice.delta {
+                if let Some(r) = d.reasoning_text() {
+                    self.reasoning(r, out);
+                    fragments += 1;
+                }
+                if let Some(t) = d.content.as_deref().filter(|t| !t.is_empty()) {
+                    self.message(t, out);
+                    fragments += 1;
+                }
+                for tc in d.tool_calls.iter().flatten() {
+                    let carries = tc
+                        .function
+                        .as_ref()
+                        .and_then(|f| f.arguments.as_deref())
+                        .is_some_and(|a| !a.is_empty());
+                    fragments += u64::from(carries);
+                    if let Err(e) = self.tool_delta(tc, out) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            if let (Ok(()), Some(finish)) = (&result, choice.finish_reason.as_deref()) {
+                self.finish(choice, finish, out);
+            }
+        }
+        match chunk_usage {
+            Some(u) => {
+                self.usage = Some(u);
+                self.fragments_since_usage = 0;
+                if let Some(r) = chunk.usage.as_ref().and_then(|u| u.reasoning_tokens()) {
+                    self.reported_reasoning = Some(r);
+                }
+            }
+            None => {
+                self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments)
+            }
+        }
+        result?;
+        if choices.is_empty() && chunk.usage.is_some() {
+            if let Some(e) = self.held_error.take() {
+                return Err(e);
+            }
+            if self.held.is_some() {
+                self.complete(out);
+            }
+        }
+        Ok(())
+    }
+
+    /// `response.completed` or `response.incomplete`, with every item and the usage.
+    fn complete(&mut self, out: &mut Vec<u8>) {
+        let Some(status) = self.held.take() else {
+            return;
+        };
+        let name = match status {
+            Status::Incomplete(_) => "response.incomplete",
+            Status::InProgress | Status::Completed | Status::Failed => "response.completed",
+        };
+        self.lifecycle(out, name, status, None);
+        self.end = StreamEnd::Complete;
+    }
+
+    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
+        let error = scrub_error(error, &self.ctx.base);
+        self.ensure_started(out);
+        self.event(out, "error");
+        out.push(b',');
+        error.write_responses_fields(out);
+        frame_close(out);
+        self.lifecycle(out, "response.failed", Status::Failed, Some(&error));
+        self.error = Some(error);
+        self.end = StreamEnd::Failed;
+    }
+}
+
+impl StreamTranslator for ResponsesStream {
+    fn on_event(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        if self.end != StreamEnd::Open {
+            return;
+        }
+        if data.trim_ascii() == b"[DONE]" {
+            self.on_end(out);
+            return;
+        }
+        if let Err(e) = self.translate(data, out) {
+            self.fail(e, out);
+        }
+    }
+
+    fn on_end(&mut self, out: &mut Vec<u8>) {
+        if self.end != StreamEnd::Open {
+            return;
+        }
+        if let Some(e) = self.held_error.take() {
+            self.fail(e, out);
+        } else if self.held.is_some() {
+            self.complete(out);
+        } else {
+            self.fail(
+                malformed_stream("the stream ended before the model finished"),
+                out,
+            );
+        }
+    }
+
+    fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>) {
+        if self.end == StreamEnd::Open {
+            let e = self.held_error.take().unwrap_or_else(|| error.clone());
+            self.fail(e, out);
+        }
+    }
+
+    /// The Responses API has no keep-alive event: nothing is written.
+    fn on_idle(&mut self, _out: &mut Vec<u8>) {}
+
+    fn usage(&self) -> Usage {
+        let reported = self.usage.unwrap_or_default();
+        Usage {
+            completion_tokens: reported
+                .completion_tokens
+                .saturating_add(self.fragments_since_usage),
+            ..reported
+        }
+    }
+
+    fn end(&self) -> StreamEnd {
+        self.end
+    }
+
+    fn error(&self) -> Option<&ApiError> {
+        self.error.as_ref()
+    }
+
+    fn take_object(&mut self) -> Option<Vec<u8>> {
+        self.object.take()
+    }
+}
