@@ -33,16 +33,12 @@ pub fn head_too_large(session: &ServerSession, server: &Server) -> Option<ApiErr
 pub fn http10_close(session: &ServerSession) -> bool {
     let h = session.req_header();
     h.version == http::Version::HTTP_10
-        && !h
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .any(|v| {
-                v.to_str().is_ok_and(|v| {
-                    v.split(',')
-                        .any(|t| t.trim().eq_ignore_ascii_case("keep-alive"))
-                })
+        && !h.headers.get_all(http::header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("keep-alive"))
             })
+        })
 }
 
 /// Whether an HTTP/1.1 request head has a line that ends in a bare LF. `httparse` accepts one
