@@ -203,6 +203,12 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         let kind: &str = kind.into();
         m().h2_abuse.with_label_values(&[kind]);
     }
+    for side in ["sent", "returned"] {
+        m().lease_recalls.with_label_values(&[side]);
+    }
+    for result in ["ok", "error"] {
+        m().rate_window_calls.with_label_values(&[result]);
+    }
     for model in &config.models {
         m().unbilled_pen.with_label_values(&[model.slug.as_str()]);
         m().input_estimated
