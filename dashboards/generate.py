@@ -376,8 +376,9 @@ def operations() -> dict:
                [("sum(quipu_requests_in_flight)", "in flight")], "short"), 3, 4)
     b.add(stat("Open streams", "Streaming responses in progress (quipu_streams_open).",
                [("sum(quipu_streams_open)", "streams")], "short"), 3, 4)
-    b.add(stat("Healthy replicas", "Upstream replicas that pass their health checks and are not ejected, out of all configured replicas of the selected models.",
-               [(f"sum(quipu_upstream_healthy{{{M}}})", "healthy"), (f"count(quipu_upstream_healthy{{{M}}})", "configured")],
+    b.add(stat("Healthy replicas", "Upstream replicas that pass their health checks and are not ejected, out of all configured replicas of the selected models. With several gateways, a replica counts once (healthy if any gateway sees it healthy).",
+               [(f"sum(max by (model, replica) (quipu_upstream_healthy{{{M}}}))", "healthy"),
+                (f"count(max by (model, replica) (quipu_upstream_healthy{{{M}}}))", "configured")],
                "short"), 3, 4)
     b.add(stat("Build", "The running version and store backend (quipu_build_info), and the number of active API keys in the gateway's snapshot (quipu_keys_active).",
                [("max by (version, store) (quipu_build_info)", "{{version}} · {{store}}"),
@@ -452,6 +453,12 @@ def operations() -> dict:
                      [(f"sum by (model, replica) ({rate('quipu_upstream_failures_total', M)})", "{{model}} {{replica}}")], "ops", stack=True), 8, 8)
     b.add(timeseries("Retries on another replica", "Requests retried on another replica before any byte reached the client, per second by model (quipu_upstream_retries_total).",
                      [(f"sum by (model) ({rate('quipu_upstream_retries_total', M)})", "{{model}}")], "ops"), 8, 8)
+
+    b.row("Gateways")
+    b.add(timeseries("Requests by gateway", "Requests per second answered by each gateway process (the `instance` Prometheus scrapes): how the balancer spreads traffic over the replicas; every other panel sums over them.",
+                     [(f"sum by (instance) ({rate(req, M)})", "{{instance}}")], "reqps", stack=True), 12, 8)
+    b.add(timeseries("In-flight requests by gateway", "API requests being handled by each gateway process (quipu_requests_in_flight): a replica that is draining or stuck shows here.",
+                     [("sum by (instance) (quipu_requests_in_flight)", "{{instance}}")], "short"), 12, 8)
 
     b.row("Connections")
     b.add(timeseries("Client connections", "Open client connections on the API listener, idle keep-alive ones included (quipu_client_connections), and connections closed on accept because server.max_connections were open (quipu_client_connections_refused_total, per second).",

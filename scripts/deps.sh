@@ -18,6 +18,8 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
   command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+  # The balancer in front of several replicas (tests/python/test_replicas.py).
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
   # Debian's python3 cannot make a venv without python3-venv (ensurepip).
   python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
   # The Claude Code and Codex integration tests install their CLIs with npm
@@ -42,6 +44,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if printf '%s\n' "${need_apt[@]}" | grep -qx prometheus; then
     $sudo systemctl stop prometheus prometheus-node-exporter >/dev/null 2>&1 || true
     $sudo pkill -u prometheus -x prometheus >/dev/null 2>&1 || true   # the packaged one only
+  fi
+  if printf '%s\n' "${need_apt[@]}" | grep -qx nginx; then
+    $sudo systemctl stop nginx >/dev/null 2>&1 || true
+    $sudo /usr/sbin/nginx -s stop >/dev/null 2>&1 || true   # the packaged one (its own pid file)
   fi
 fi
 

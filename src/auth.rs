@@ -13,7 +13,7 @@
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::keys::{constant_time_eq, hash_secret};
 use crate::metrics::TenantMeters;
-use crate::ratelimit::{RateCounters, Windows};
+use crate::ratelimit::{RateCounters, Subject, Windows};
 use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
 use arc_swap::ArcSwap;
 use http::HeaderMap;
@@ -87,8 +87,11 @@ impl KeySnapshot {
                 let key = key_rates
                     .get(k.key_id.as_str())
                     .cloned()
-                    .unwrap_or_default();
-                let tenant = tenant_rates.entry(k.tenant_id).or_default().clone();
+                    .unwrap_or_else(|| Arc::new(RateCounters::new(Subject::Key(k.key_id.clone()))));
+                let tenant = tenant_rates
+                    .entry(k.tenant_id)
+                    .or_insert_with(|| Arc::new(RateCounters::new(Subject::Tenant(k.tenant_id))))
+                    .clone();
                 (
                     k.secret_hash,
                     Arc::new(Caller {
@@ -363,8 +366,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rate_windows_survive_a_snapshot_rebuild() {
+    #[tokio::test]
+    async fn rate_windows_survive_a_snapshot_rebuild() {
         use crate::config::Limits;
         use crate::ratelimit::RateLimiter;
         let limits = KeyLimits {
@@ -380,9 +383,10 @@ mod tests {
         };
         let s = KeySnapshot::default();
         s.install(1, vec![active("sk-qp-0", "key_0", 0)]);
-        let rl = RateLimiter::new(Limits::default());
+        let rl = RateLimiter::frozen_at(Limits::default(), 1_800_000_030_000);
         let c = s.lookup("sk-qp-0").unwrap();
-        assert!(rl.admit(&limits, &c.windows).is_ok() && rl.admit(&limits, &c.windows).is_ok());
+        assert!(rl.admit(&limits, &c.windows).await.is_ok());
+        assert!(rl.admit(&limits, &c.windows).await.is_ok());
         // Another key is created somewhere: the snapshot is rebuilt.
         s.install(
             2,
@@ -393,7 +397,7 @@ mod tests {
         );
         let c = s.lookup("sk-qp-0").unwrap();
         assert!(
-            rl.admit(&limits, &c.windows).is_err(),
+            rl.admit(&limits, &c.windows).await.is_err(),
             "the window's count was kept"
         );
     }

@@ -12,7 +12,7 @@
 //! the configured grace period), every request has settled and queued its ledger row: Quipu then
 //! stops the ledger writer, which writes what is queued (with the store unreachable, it retries
 //! for `store.shutdown_flush_timeout_s`, then writes the rest to a spill file for `quipu ledger
-//! import`), returns its balance leases (best effort) and exits — without sleeping out the rest
+//! import`), returns its balance leases and unused rate-window slices (best effort) and exits — without sleeping out the rest
 //! of the grace period. At start, spill files not yet imported are named in a warning.
 //!
 //! Quipu runs in the foreground only (systemd, a container). There is no `--daemon`: pingora
@@ -162,6 +162,23 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         config.store.max_unstored_rows,
         ledger::ShutdownPolicy::of(&config.store),
     );
+    // Rate windows: in-process, or shared through the store with a task keeping them in step.
+    let (limiter, limit_sync) = RateLimiter::for_store(config.limits, store.clone());
+    let limiter = Arc::new(limiter);
+    if let Some(task) = limit_sync {
+        billing_rt.spawn(task);
+    }
+    // Signals from the other replicas (PostgreSQL LISTEN): idle leases called home.
+    match billing_rt.block_on(store.listen_replicas()) {
+        Ok(Some(signals)) => {
+            billing_rt.spawn(accounts.clone().follow_signals(signals));
+        }
+        Ok(None) => {}
+        Err(e) => log::warn!(
+            "cannot listen for other replicas' signals ({e}): a request short of balance cannot \
+             call idle leases home; they still return after a few idle seconds"
+        ),
+    }
     let (writer_stop_tx, writer_stop_rx) = tokio::sync::watch::channel(false);
     let writer_task = billing_rt.spawn(writer.run(writer_stop_rx));
     billing_rt.spawn(crate::proxy::responses::cleanup(
@@ -189,6 +206,12 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     ] {
         let kind: &str = kind.into();
         m().h2_abuse.with_label_values(&[kind]);
+    }
+    for side in ["sent", "returned"] {
+        m().lease_recalls.with_label_values(&[side]);
+    }
+    for result in ["ok", "error"] {
+        m().rate_window_calls.with_label_values(&[result]);
     }
     for model in &config.models {
         m().unbilled_pen.with_label_values(&[model.slug.as_str()]);
@@ -242,7 +265,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         connector: TransportConnector::new(Some(connector_opts)),
         accounts: accounts.clone(),
         ledger: ledger_handle,
-        limits: RateLimiter::new(config.limits),
+        limits: limiter.clone(),
         in_flight: in_flight.clone(),
         life: life.clone(),
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
@@ -311,7 +334,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     }
 
     log::info!(
-        "quipu {} listening on {} ({}; metrics {}, admin {}), store {}, replica {replica}",
+        "quipu {} listening on {} ({}; metrics {}, admin {}), store {}, rate limits {}, replica {replica}",
         env!("CARGO_PKG_VERSION"),
         config.server.listen,
         match (&config.server.tls, config.server.http2, config.server.h2c) {
@@ -327,6 +350,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
             "off".into()
         },
         redact_url(&config.store.url),
+        limiter.engine(),
     );
 
     // Exit as soon as a graceful shutdown has drained, instead of sleeping out the grace period.
@@ -334,6 +358,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     let finish = Arc::new(Finisher {
         rt: billing_rt,
         store,
+        limiter,
         accounts,
         replica,
         writer_stop: writer_stop_tx,
@@ -557,6 +582,7 @@ fn wait_for_drain(life: &Lifecycle, in_flight: &AtomicUsize, grace: Duration) ->
 struct Finisher {
     rt: tokio::runtime::Runtime,
     store: Arc<dyn Store>,
+    limiter: Arc<RateLimiter>,
     accounts: Arc<Accounts>,
     replica: String,
     writer_stop: tokio::sync::watch::Sender<bool>,
@@ -582,6 +608,10 @@ impl Finisher {
                     0
                 }
             };
+            // Slices of shared rate windows this replica did not use: the others may.
+            self.limiter
+                .give_back(self.store.as_ref(), LEASE_RETURN_TIMEOUT)
+                .await;
             if totals.open == 0 {
                 let returned = tokio::time::timeout(
                     LEASE_RETURN_TIMEOUT,

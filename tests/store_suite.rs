@@ -274,6 +274,9 @@ store_suite!(
     the_migration_sums_an_existing_ledger,
     usage_queries_use_indexes,
     stored_responses_belong_to_their_tenant_and_are_pruned,
+    shared_rate_windows_never_grant_past_the_limit,
+    a_low_balance_is_leased_in_shares,
+    idle_leases_come_home_when_another_replica_is_short,
 );
 
 #[path = "store_suite/usage.rs"]
@@ -1208,7 +1211,7 @@ async fn stored_responses_belong_to_their_tenant_and_are_pruned(fx: &Fixture) {
 // Accounts (the replica's side of leases) over each backend
 
 use quipu::billing::{Accounts, Refusal};
-use quipu::store::{LeaseGrant, RejectedRow, TopUpOutcome};
+use quipu::store::{LeaseAsk, LeaseGrant, QuotaAsk, RejectedRow, ReplicaSignal, TopUpOutcome};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 /// A store that can be made to fail, slowed down, and counts lease grants.
@@ -1292,11 +1295,11 @@ impl Store for Rigged {
         &self,
         replica: &str,
         tenant: TenantId,
-        want: Pen,
+        ask: LeaseAsk,
     ) -> store::StoreResult<LeaseGrant> {
         self.grants.fetch_add(1, Ordering::SeqCst);
         self.check()?;
-        self.inner.grant_lease(replica, tenant, want).await
+        self.inner.grant_lease(replica, tenant, ask).await
     }
     async fn release_lease(
         &self,
@@ -1345,6 +1348,24 @@ impl Store for Rigged {
     }
     async fn prune_responses(&self, before: i64, max_bytes: u64) -> store::StoreResult<u64> {
         self.inner.prune_responses(before, max_bytes).await
+    }
+    async fn take_quota(
+        &self,
+        asks: &[QuotaAsk],
+    ) -> store::StoreResult<(Vec<store::QuotaGrant>, i64)> {
+        self.check()?;
+        self.inner.take_quota(asks).await
+    }
+    async fn expire_quota(&self, age_ms: i64) -> store::StoreResult<u64> {
+        self.inner.expire_quota(age_ms).await
+    }
+    async fn notify_replicas(&self, signal: &ReplicaSignal) -> store::StoreResult<bool> {
+        self.inner.notify_replicas(signal).await
+    }
+    async fn listen_replicas(
+        &self,
+    ) -> store::StoreResult<Option<tokio::sync::mpsc::Receiver<ReplicaSignal>>> {
+        self.inner.listen_replicas().await
     }
 }
 
@@ -1459,11 +1480,12 @@ async fn heartbeats_reconcile_local_leases_with_the_store(fx: &Fixture) {
     let r = a.reserve(t, soles("1.00")).await.unwrap();
     a.settle(r, soles("1.00"));
     flush(&*sa, &a, "one", t, soles("1.00")).await;
-    assert_eq!(a.view(t).lease, soles("3.00"));
+    // The chunk (4.00) is more than a quarter of the balance: a grant is a quarter, 2.50.
+    assert_eq!(a.view(t).lease, soles("1.50"));
     a.heartbeat().await.unwrap();
     assert_eq!(
         a.view(t).lease,
-        soles("3.00"),
+        soles("1.50"),
         "a heartbeat keeps a true lease"
     );
 
@@ -1511,7 +1533,7 @@ async fn heartbeats_reconcile_local_leases_with_the_store(fx: &Fixture) {
 
 async fn a_lease_unconfirmed_past_the_fence_admits_nothing(fx: &Fixture) {
     let s = Rigged::new(fx.open().await);
-    let t = tenant_with(&*s, "acme", "10.00").await;
+    let t = tenant_with(&*s, "acme", "20.00").await;
     let fence = Duration::from_millis(400);
     let a = Accounts::new(s.clone(), "replica-a".into(), soles("5.00"), fence);
     drop(a.reserve(t, soles("1.00")).await.unwrap());
@@ -1535,7 +1557,7 @@ async fn a_lease_unconfirmed_past_the_fence_admits_nothing(fx: &Fixture) {
 
 async fn returning_an_idle_lease_never_races_an_admission(fx: &Fixture) {
     let s = Rigged::new(fx.open().await);
-    let t = tenant_with(&*s, "acme", "10.00").await;
+    let t = tenant_with(&*s, "acme", "20.00").await;
     let a = Accounts::new(s.clone(), "replica-a".into(), soles("5.00"), FENCE);
     drop(a.reserve(t, soles("1.00")).await.unwrap());
     assert_eq!(a.view(t).lease, soles("5.00"));
@@ -1595,7 +1617,8 @@ async fn a_store_down_at_shutdown_spills_and_the_import_charges_once(fx: &Fixtur
     let dir = std::env::temp_dir().join(unique("quipu-spill"));
     let a = Accounts::new(s.clone(), "replica-a".into(), soles("5.00"), FENCE);
     drop(a.reserve(t, soles("1.00")).await.unwrap());
-    assert_eq!(s.balance(t).await.unwrap().leased, soles("5.00"));
+    // A quarter of the 10.00 balance: the chunk is more than a quarter of it.
+    assert_eq!(s.balance(t).await.unwrap().leased, soles("2.50"));
     let timeout = Duration::from_millis(600);
     let (handle, writer) = ledger::channel(
         s.clone(),
@@ -1695,7 +1718,7 @@ async fn a_store_down_at_shutdown_spills_and_the_import_charges_once(fx: &Fixtur
     let bt = s.balance(t).await.unwrap();
     assert_eq!(bt.balance, soles("9.5") - spent);
     // replica-a's lease still held the money those requests spent: it drops as it would have.
-    assert_eq!(bt.leased, soles("4.5") - spent);
+    assert_eq!(bt.leased, soles("2.0") - spent);
     let bu = s.balance(u).await.unwrap();
     assert_eq!(bu.balance, soles("10") - soles("1.25") - Pen::from_picos(3));
     assert_eq!(bu.leased, soles("2"), "replica-b's lease is untouched");
@@ -1722,4 +1745,170 @@ async fn a_store_down_at_shutdown_spills_and_the_import_charges_once(fx: &Fixtur
     assert_eq!(s.balance(t).await.unwrap(), bt);
     assert_eq!(s.balance(u).await.unwrap(), bu);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Between replicas: shared rate windows, leases in shares, leases called home
+
+fn quota(subject: &str, start: i64, add: i64, want: u64, limit: u64) -> QuotaAsk {
+    QuotaAsk {
+        subject: subject.into(),
+        window_ms: 60_000,
+        window_start: start,
+        add,
+        want,
+        limit,
+    }
+}
+
+async fn shared_rate_windows_never_grant_past_the_limit(fx: &Fixture) {
+    let handles = [fx.open().await, fx.open().await, fx.open().await];
+    let start = store::now_ms() / 60_000 * 60_000;
+    // 12 "replicas" asking for slices of 7 at once, for a limit of 100, in two windows.
+    let mut tasks = Vec::new();
+    for i in 0..12usize {
+        let s = Arc::clone(&handles[i % 3]);
+        tasks.push(tokio::spawn(async move {
+            let mut got = 0u64;
+            loop {
+                let asks = [
+                    quota("key:k1:requests", start, 0, 7, 100),
+                    quota("key:k1:requests", start + 60_000, 0, 3, 10),
+                ];
+                let (grants, now) = s.take_quota(&asks).await.unwrap();
+                assert!((now - store::now_ms()).abs() < 60_000, "the store's clock");
+                assert!(grants[0].granted <= 7 && grants[0].taken <= 100);
+                got += grants[0].granted;
+                if grants[0].granted == 0 {
+                    return got;
+                }
+            }
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, 100, "exactly the limit, between all of them");
+    let s = &handles[0];
+    let look = |subject: &'static str, start| async move {
+        s.take_quota(&[quota(subject, start, 0, 0, 0)])
+            .await
+            .unwrap()
+            .0[0]
+    };
+    assert_eq!(look("key:k1:requests", start).await.taken, 100);
+    assert_eq!(look("key:k1:requests", start + 60_000).await.taken, 10);
+    // Usage beyond the limit is counted (tokens of a last request); a return lowers the
+    // count, never below zero; the count then grants again.
+    let (g, _) = s
+        .take_quota(&[quota("key:k1:tokens", start, 450, 10, 400)])
+        .await
+        .unwrap();
+    assert_eq!((g[0].granted, g[0].taken), (0, 450));
+    let (g, _) = s
+        .take_quota(&[quota("key:k1:tokens", start, -100, 25, 400)])
+        .await
+        .unwrap();
+    assert_eq!((g[0].granted, g[0].taken), (25, 375));
+    let (g, _) = s
+        .take_quota(&[quota("key:k1:tokens", start, -1_000, 0, 400)])
+        .await
+        .unwrap();
+    assert_eq!((g[0].granted, g[0].taken), (0, 0));
+    // One ask per window and call.
+    let twice = [quota("t", start, 0, 1, 5), quota("t", start, 0, 1, 5)];
+    assert!(matches!(
+        s.take_quota(&twice).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert_eq!(s.take_quota(&[]).await.unwrap().0, vec![]);
+    // Windows long over are deleted; current ones stay.
+    let old = start - 10 * 60_000;
+    s.take_quota(&[quota("key:k1:requests", old, 0, 1, 5)])
+        .await
+        .unwrap();
+    assert_eq!(s.expire_quota(120_000).await.unwrap(), 1);
+    assert_eq!(look("key:k1:requests", start).await.taken, 100);
+    assert_eq!(
+        look("key:k1:requests", old).await.taken,
+        0,
+        "started afresh"
+    );
+}
+
+async fn a_low_balance_is_leased_in_shares(fx: &Fixture) {
+    let (sa, sb) = (fx.open().await, fx.open().await);
+    let t = tenant_with(&*sa, "acme", "1.00").await;
+    let ask = LeaseAsk {
+        need: soles("0.05"),
+        want: soles("5.00"),
+    };
+    // The tenant: S/ 1.00 against a chunk of S/ 5.00. The first replica gets a
+    // quarter, not everything.
+    let a = sa.grant_lease("replica-a", t, ask).await.unwrap();
+    assert_eq!(
+        (a.granted, a.held, a.elsewhere),
+        (soles("0.25"), soles("0.25"), Pen::ZERO)
+    );
+    let b = sb.grant_lease("replica-b", t, ask).await.unwrap();
+    assert_eq!((b.granted, b.elsewhere), (soles("0.1875"), soles("0.25")));
+    // Never less than the request needs, while there is that much.
+    let big = LeaseAsk {
+        need: soles("0.50"),
+        want: soles("5.00"),
+    };
+    let c = sb.grant_lease("replica-c", t, big).await.unwrap();
+    assert_eq!((c.granted, c.elsewhere), (soles("0.50"), soles("0.4375")));
+    let d = sa.grant_lease("replica-d", t, big).await.unwrap();
+    assert_eq!(d.granted, soles("0.0625"), "what is left");
+    assert_leases_covered(&*sa, t, "after the shares").await;
+}
+
+async fn idle_leases_come_home_when_another_replica_is_short(fx: &Fixture) {
+    let (sa, sb) = (fx.open().await, fx.open().await);
+    let t = tenant_with(&*sa, "acme", "1.00").await;
+    let a = Accounts::new(sa.clone(), "replica-a".into(), soles("5.00"), FENCE);
+    let b = Accounts::new(sb.clone(), "replica-b".into(), soles("5.00"), FENCE);
+    for (acc, s) in [(&a, &sa), (&b, &sb)] {
+        if let Some(signals) = s.listen_replicas().await.unwrap() {
+            tokio::spawn(acc.clone().follow_signals(signals));
+        }
+    }
+    // a spends some and holds the rest; one request stays open on it.
+    let open = a.reserve(t, soles("0.20")).await.unwrap();
+    let r = a.reserve(t, soles("0.80")).await.unwrap();
+    a.settle(r, soles("0.10"));
+    flush(&*sa, &a, "spent", t, soles("0.10")).await;
+    let held = sa.balance(t).await.unwrap().leased;
+    assert_eq!(
+        held,
+        soles("0.90"),
+        "a needed it all for 0.80: it holds everything left"
+    );
+    // b needs 0.50: nothing is unleased, 0.70 of a's lease is idle (0.20 is reserved).
+    let got = b.reserve(t, soles("0.50")).await;
+    if sb.kind() == "sqlite" {
+        // One process on SQLite: no channel to other replicas; idle leases come home after a
+        // few idle seconds only.
+        assert!(matches!(got, Err(Refusal::Insufficient { .. })), "{got:?}");
+        a.settle(open, Pen::ZERO);
+        return;
+    }
+    assert!(got.is_ok(), "a returned its idle lease at once: {got:?}");
+    let r = got.unwrap();
+    assert_eq!(
+        a.view(t).lease,
+        soles("0.20"),
+        "a kept what its open request holds"
+    );
+    // More than is left anywhere is still refused: the money is spent or in flight.
+    let e = b.reserve(t, soles("0.30")).await.unwrap_err();
+    assert!(matches!(e, Refusal::Insufficient { .. }), "{e:?}");
+    b.settle(r, soles("0.50"));
+    flush(&*sb, &b, "b-spent", t, soles("0.50")).await;
+    a.settle(open, soles("0.20"));
+    flush(&*sa, &a, "a-open", t, soles("0.20")).await;
+    let bal = assert_leases_covered(&*sa, t, "at the end").await;
+    assert_eq!(bal.balance, soles("0.20"));
 }

@@ -18,7 +18,15 @@
 //! runs short does a request wait on the store for more (one round trip per `lease_chunk` of
 //! spending; acquisitions for one tenant are serialised so a burst makes one round trip, not a
 //! hundred). Unused leases are handed back after a few idle seconds so other replicas can use
-//! the money.
+//! the money. While a tenant's unleased balance is small next to `lease_chunk`, a grant is
+//! only a share of it ([`quipu_core::billing::lease`]), so one replica does not take it all.
+//!
+//! **Leases come home when needed.** A replica that would refuse a request for balance that
+//! other replicas hold asks them to return what they hold idle ([`ReplicaSignal::RecallLeases`],
+//! PostgreSQL `NOTIFY`), waits a short while ([`RECALL_WAIT`]) for their answer
+//! ([`ReplicaSignal::LeasesReturned`]) and asks the store again: a 402 then means the money is
+//! spent, or held by requests in flight. A replica told to return gives back its lease minus
+//! what its open reservations and unwritten charges need ([`Accounts::give_back_idle`]).
 //!
 //! **Fencing.** Another replica deletes a lease whose heartbeat is older than the stale
 //! threshold (the owner is presumed dead). So a lease is only admitted against while the store
@@ -34,7 +42,7 @@
 //! local lease, which the next heartbeat restores.
 
 use crate::money::Pen;
-use crate::store::{Store, StoreError, TenantId};
+use crate::store::{LeaseAsk, ReplicaSignal, Store, StoreError, TenantId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +56,9 @@ pub const DRY_MEMORY: Duration = Duration::from_secs(1);
 /// After a lease call failed, requests queued behind it fail at once for this long instead of
 /// each waiting out its own timeout.
 pub const FAILURE_MEMORY: Duration = Duration::from_secs(1);
+/// Most time a request short of balance waits for other replicas to return idle leases before
+/// it is refused.
+pub const RECALL_WAIT: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Default)]
 struct State {
@@ -93,6 +104,8 @@ struct Account {
     state: Mutex<State>,
     /// Serialises lease acquisitions, returns and corrections for this tenant.
     lease_lock: tokio::sync::Mutex<()>,
+    /// Woken when another replica says it returned lease on this tenant.
+    returned: tokio::sync::Notify,
 }
 
 /// Why a request was not admitted.
@@ -196,6 +209,7 @@ impl Accounts {
                 Arc::new(Account {
                     state: Mutex::new(State::default()),
                     lease_lock: tokio::sync::Mutex::new(()),
+                    returned: tokio::sync::Notify::new(),
                 })
             })
             .clone()
@@ -259,9 +273,48 @@ impl Accounts {
             }
             (s.flushes, s.lease)
         };
-        let want = (amount - headroom).max(self.chunk);
+        let ask = LeaseAsk {
+            need: amount - headroom.max(Pen::ZERO),
+            want: self.chunk,
+        };
+        let grant = self
+            .grant(&acct, tenant, ask, flushes, local, deadline)
+            .await?;
+        if self.try_reserve(&acct, amount).is_ok() {
+            return Ok(reservation());
+        }
+        if grant.elsewhere > Pen::ZERO
+            && self.recall(&acct, tenant, amount, deadline).await? == Some(true)
+        {
+            return Ok(reservation());
+        }
+        // The store has nothing unleased that would do, and the other replicas returned what
+        // they could: refuse the tenant's requests that do not fit for a moment without asking.
+        let available = {
+            let mut s = acct.state.lock();
+            s.dry_at = Some(Instant::now());
+            s.headroom()
+        };
+        Err(Refusal::Insufficient {
+            needed: amount,
+            available: available.max(Pen::ZERO),
+        })
+    }
+
+    /// One lease call for `ask` (the caller holds the tenant's lease lock), applied to the
+    /// local state as the module docs say. `flushes`/`local`: the account's flush count and
+    /// lease when the caller read its headroom.
+    async fn grant(
+        &self,
+        acct: &Account,
+        tenant: TenantId,
+        ask: LeaseAsk,
+        flushes: u64,
+        local: Pen,
+        deadline: tokio::time::Instant,
+    ) -> Result<crate::store::LeaseGrant, Refusal> {
         let sent = Instant::now();
-        let call = self.store.grant_lease(&self.replica, tenant, want);
+        let call = self.store.grant_lease(&self.replica, tenant, ask);
         let grant = match tokio::time::timeout_at(deadline, call).await {
             Ok(Ok(g)) => g,
             Ok(Err(e)) => {
@@ -274,19 +327,72 @@ impl Accounts {
                 return Err(timed_out());
             }
         };
-        {
-            let mut s = acct.state.lock();
-            s.correct(grant.held, flushes, local, grant.granted);
-            s.confirmed = Some(sent);
-            s.failed_at = None;
-            s.dry_at = (grant.granted < want).then(Instant::now);
+        let mut s = acct.state.lock();
+        s.correct(grant.held, flushes, local, grant.granted);
+        s.confirmed = Some(sent);
+        s.failed_at = None;
+        s.dry_at = None;
+        Ok(grant)
+    }
+
+    /// Asks the other replicas to return their idle leases on `tenant`, then asks the store
+    /// again each time one says it did, until `amount` fits or [`RECALL_WAIT`] is over.
+    /// `Some(true)`: it fits now (reserved); `Some(false)`/`None`: still short (`None` when the
+    /// store has no channel to the other replicas).
+    async fn recall(
+        &self,
+        acct: &Account,
+        tenant: TenantId,
+        amount: Pen,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<bool>, Refusal> {
+        let until = tokio::time::Instant::now() + RECALL_WAIT;
+        let until = until.min(deadline);
+        let mut returned = std::pin::pin!(acct.returned.notified());
+        returned.as_mut().enable();
+        let signal = ReplicaSignal::RecallLeases {
+            tenant,
+            by: self.replica.clone(),
+        };
+        match tokio::time::timeout_at(until, self.store.notify_replicas(&signal)).await {
+            Ok(Ok(true)) => crate::metrics::m()
+                .lease_recalls
+                .with_label_values(&["sent"])
+                .inc(),
+            // No channel to other replicas (SQLite): nobody to ask.
+            Ok(Ok(false)) => return Ok(None),
+            Ok(Err(e)) => {
+                log::warn!("cannot ask other replicas for the leases of tenant {tenant}: {e}");
+                return Ok(None);
+            }
+            Err(_) => return Ok(None),
         }
-        match self.try_reserve(&acct, amount) {
-            Ok(()) => Ok(reservation()),
-            Err(available) => Err(Refusal::Insufficient {
-                needed: amount,
-                available: available.max(Pen::ZERO),
-            }),
+        loop {
+            if tokio::time::timeout_at(until, returned.as_mut())
+                .await
+                .is_err()
+            {
+                return Ok(Some(false));
+            }
+            returned.set(acct.returned.notified());
+            returned.as_mut().enable();
+            let (flushes, local, headroom) = {
+                let s = acct.state.lock();
+                (s.flushes, s.lease, s.headroom())
+            };
+            let ask = LeaseAsk {
+                need: amount - headroom.max(Pen::ZERO),
+                want: self.chunk,
+            };
+            let grant = self
+                .grant(acct, tenant, ask, flushes, local, deadline)
+                .await?;
+            if self.try_reserve(acct, amount).is_ok() {
+                return Ok(Some(true));
+            }
+            if grant.elsewhere == Pen::ZERO {
+                return Ok(Some(false));
+            }
         }
     }
 
@@ -353,6 +459,83 @@ impl Accounts {
                 Err(_) => log::warn!(
                     "returning the lease of tenant {tenant} timed out; the next heartbeat restores it"
                 ),
+            }
+        }
+    }
+
+    /// Gives back the part of this replica's lease on `tenant` that nothing here needs (the
+    /// lease minus open reservations and unwritten charges), at once: another replica asked
+    /// for it (see the module docs). Returns what was given back. A tenant whose lease lock is
+    /// busy is skipped (this replica is acquiring lease for it: it needs its money itself).
+    /// As in [`Accounts::return_idle_leases`], the local lease is lowered first, under the
+    /// state lock, so admission cannot reserve against money being given back.
+    pub async fn give_back_idle(&self, tenant: TenantId) -> Pen {
+        let Some(acct) = self.accounts.lock().get(&tenant).cloned() else {
+            return Pen::ZERO;
+        };
+        let Ok(_serial) = acct.lease_lock.try_lock() else {
+            return Pen::ZERO;
+        };
+        let give_back = {
+            let mut s = acct.state.lock();
+            let idle = s.headroom();
+            if idle <= Pen::ZERO {
+                return Pen::ZERO;
+            }
+            s.lease -= idle;
+            idle
+        };
+        let call = self.store.release_lease(&self.replica, tenant, give_back);
+        match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
+            Ok(Ok(())) => give_back,
+            Ok(Err(e)) => {
+                log::warn!(
+                    "returning the idle lease of tenant {tenant} failed: {e}; the next heartbeat restores it"
+                );
+                Pen::ZERO
+            }
+            Err(_) => {
+                log::warn!(
+                    "returning the idle lease of tenant {tenant} timed out; the next heartbeat restores it"
+                );
+                Pen::ZERO
+            }
+        }
+    }
+
+    /// Handles the signals other replicas send through the store until the channel closes:
+    /// returns idle leases when asked ([`ReplicaSignal::RecallLeases`]) and says so, and wakes
+    /// requests waiting for returned leases ([`ReplicaSignal::LeasesReturned`]).
+    pub async fn follow_signals(
+        self: Arc<Self>,
+        mut signals: tokio::sync::mpsc::Receiver<ReplicaSignal>,
+    ) {
+        while let Some(signal) = signals.recv().await {
+            match signal {
+                ReplicaSignal::RecallLeases { tenant, by } => {
+                    if by == self.replica {
+                        continue;
+                    }
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        let given = me.give_back_idle(tenant).await;
+                        if given > Pen::ZERO {
+                            crate::metrics::m()
+                                .lease_recalls
+                                .with_label_values(&["returned"])
+                                .inc();
+                            let done = ReplicaSignal::LeasesReturned { tenant };
+                            if let Err(e) = me.store.notify_replicas(&done).await {
+                                log::warn!("cannot tell replicas a lease came home: {e}");
+                            }
+                        }
+                    });
+                }
+                ReplicaSignal::LeasesReturned { tenant } => {
+                    if let Some(acct) = self.accounts.lock().get(&tenant) {
+                        acct.returned.notify_waiters();
+                    }
+                }
             }
         }
     }

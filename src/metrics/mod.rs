@@ -160,6 +160,20 @@ metrics! {
         "Requests billed an estimate of their input tokens because the upstream reported none (a cut stream)",
         &["model"],
     );
+    lease_recalls: IntCounterVec = counter(
+        "quipu_lease_recalls_total",
+        "Balance leases called home: recalls this replica sent (a request short of balance other replicas held) and leases it returned when asked",
+        &["side"],
+    );
+    rate_window_calls: IntCounterVec = counter(
+        "quipu_rate_window_calls_total",
+        "Calls to the store's shared rate windows (slices of a window's quota taken or returned), by result: ok, or error (the replica then counts alone until the store answers again)",
+        &["result"],
+    );
+    rate_window_waits: IntCounter = IntCounter::new(
+        "quipu_rate_window_waits_total",
+        "Requests that waited for a slice of a shared rate window (no slice held yet: a key's first request on a replica in a window, or traffic faster than the slices arrive)",
+    );
     reservations_open: IntGauge = IntGauge::new(
         "quipu_reservations_open",
         "Admitted requests whose worst-case cost is reserved",

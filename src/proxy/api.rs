@@ -133,7 +133,7 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             super::internal_error(),
         ));
     };
-    rate_limit(gw, &caller)?;
+    rate_limit(gw, &caller).await?;
     let model = &gw.config.models[req.model];
     let quote = policy::quote(req.prompt_size(), model.context_window, &model.prices);
     let p = &caller.principal;
@@ -173,22 +173,26 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
     }
 }
 
-/// Counts the request against its key's and tenant's rate limits.
-pub fn rate_limit(gw: &Gateway, caller: &crate::auth::Caller) -> Result<(), Failure> {
+/// Counts the request against its key's and tenant's rate limits (in memory; see `ratelimit`
+/// for the one case a request waits for the store).
+pub async fn rate_limit(gw: &Gateway, caller: &crate::auth::Caller) -> Result<(), Failure> {
     let p = &caller.principal;
-    gw.limits.admit(&p.limits, &caller.windows).map_err(|l| {
-        let (scope, limit): (&str, &str) = (l.scope.into(), l.limit.into());
-        m().rate_limited
-            .with_label_values(&[&p.tenant_name, scope, limit])
-            .inc();
-        Failure::refused(ApiError::new(
-            ErrorKind::RateLimited {
-                retry_after: l.retry_after,
-            },
-            format!(
-                "rate limit reached: {limit} per minute for this {scope}; retry in {} s",
-                l.retry_after
-            ),
-        ))
-    })
+    gw.limits
+        .admit(&p.limits, &caller.windows)
+        .await
+        .map_err(|l| {
+            let (scope, limit): (&str, &str) = (l.scope.into(), l.limit.into());
+            m().rate_limited
+                .with_label_values(&[&p.tenant_name, scope, limit])
+                .inc();
+            Failure::refused(ApiError::new(
+                ErrorKind::RateLimited {
+                    retry_after: l.retry_after,
+                },
+                format!(
+                    "rate limit reached: {limit} per minute for this {scope}; retry in {} s",
+                    l.retry_after
+                ),
+            ))
+        })
 }

@@ -44,7 +44,7 @@ pub async fn count_tokens(
     let Some(caller) = ctx.caller.clone() else {
         return Failure::new(Outcome::InternalError, super::internal_error()).into();
     };
-    if let Err(f) = super::api::rate_limit(gw, &caller) {
+    if let Err(f) = super::api::rate_limit(gw, &caller).await {
         return f.into();
     }
     let by = deadline(Deadline::now(), gw.config.models[model].timeouts.first_byte);

@@ -63,7 +63,7 @@ pub struct Gateway {
     pub connector: TransportConnector,
     pub accounts: Arc<Accounts>,
     pub ledger: LedgerHandle,
-    pub limits: RateLimiter,
+    pub limits: Arc<RateLimiter>,
     /// API requests between `answer` and `finish` (for `server.max_in_flight`).
     pub in_flight: Arc<AtomicUsize>,
     /// Connections and requests of every route, and whether the server is draining.

@@ -25,7 +25,15 @@
 //! of a tenant's balance to one replica: `Σ leases ≤ balance` always holds in the store, so
 //! two replicas can never spend the same sol. Recording a request's charge reduces both the
 //! balance and the recording replica's lease. Leases carry a heartbeat; a replica that died
-//! holding one loses it after a timeout.
+//! holding one loses it after a timeout. A replica that refuses a request for balance that
+//! sits in other replicas' leases tells them to return what they hold idle
+//! ([`Store::notify_replicas`], PostgreSQL `NOTIFY`; see `billing::accounts`).
+//!
+//! ## Shared rate windows
+//!
+//! With several replicas, a key's requests and tokens per window are counted in the store
+//! ([`Store::take_quota`]): each replica takes a slice of a window's quota in one statement,
+//! admits against it in memory and gives back what it did not use (see `ratelimit`).
 //!
 //! ## Usage
 //!
@@ -176,6 +184,26 @@ pub struct TopUpOutcome {
     pub replayed: bool,
 }
 
+/// What a replica asks of [`Store::grant_lease`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// What the request at hand needs beyond the replica's lease.
+    pub need: Pen,
+    /// What the replica would like to hold (its `lease_chunk`); the grant follows
+    /// [`quipu_core::billing::lease::lease_grant`].
+    pub want: Pen,
+}
+
+impl LeaseAsk {
+    /// Exactly `amount` (or what is left, if less).
+    pub fn exactly(amount: Pen) -> LeaseAsk {
+        LeaseAsk {
+            need: amount,
+            want: amount,
+        }
+    }
+}
+
 /// What [`Store::grant_lease`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseGrant {
@@ -183,6 +211,68 @@ pub struct LeaseGrant {
     pub granted: Pen,
     /// The replica's lease on the tenant after the grant.
     pub held: Pen,
+    /// What other replicas hold on the tenant: money a refused request could get if they
+    /// returned what they hold idle.
+    pub elsewhere: Pen,
+}
+
+/// A message from one replica to the others sharing the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaSignal {
+    /// `by` refused a request of `tenant` for balance other replicas hold: return idle leases.
+    RecallLeases { tenant: TenantId, by: String },
+    /// A replica returned (some of) its lease on `tenant`.
+    LeasesReturned { tenant: TenantId },
+}
+
+impl ReplicaSignal {
+    /// The text sent (`recall 7 gw-1:42~…`, `returned 7`).
+    pub fn to_payload(&self) -> String {
+        match self {
+            ReplicaSignal::RecallLeases { tenant, by } => format!("recall {tenant} {by}"),
+            ReplicaSignal::LeasesReturned { tenant } => format!("returned {tenant}"),
+        }
+    }
+
+    /// [`ReplicaSignal::to_payload`] backwards; `None` for text it does not know (a newer
+    /// replica's message), which is ignored.
+    pub fn from_payload(text: &str) -> Option<ReplicaSignal> {
+        let mut parts = text.splitn(3, ' ');
+        let kind = parts.next()?;
+        let tenant: TenantId = parts.next()?.parse().ok()?;
+        match (kind, parts.next()) {
+            ("recall", Some(by)) if !by.is_empty() => Some(ReplicaSignal::RecallLeases {
+                tenant,
+                by: by.to_owned(),
+            }),
+            ("returned", None) => Some(ReplicaSignal::LeasesReturned { tenant }),
+            _ => None,
+        }
+    }
+}
+
+/// One change to a shared rate window (see `ratelimit`). `add` is applied first, whatever the
+/// limit (a replica's usage beyond what it took, or, negative, what it gives back; the count
+/// never goes below zero); then up to `want` more is taken, never past `limit`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaAsk {
+    /// Whose window: `key:<key id>:requests`, `tenant:<id>:tokens`, …
+    pub subject: String,
+    pub window_ms: i64,
+    /// Start of the window, milliseconds since the epoch (a multiple of `window_ms`).
+    pub window_start: UnixMs,
+    pub add: i64,
+    pub want: u64,
+    pub limit: u64,
+}
+
+/// What [`Store::take_quota`] did for one ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaGrant {
+    /// Taken for the asking replica now (at most `want`).
+    pub granted: u64,
+    /// Everything taken in the window, by every replica, after this ask.
+    pub taken: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,16 +419,21 @@ pub trait Store: UsageStore + Send + Sync {
     /// Leases up to `want` of the tenant's unleased balance to `replica` and returns what was
     /// granted (possibly zero). Refreshes the replica's heartbeat.
     async fn acquire_lease(&self, replica: &str, tenant: TenantId, want: Pen) -> StoreResult<Pen> {
-        Ok(self.grant_lease(replica, tenant, want).await?.granted)
+        Ok(self
+            .grant_lease(replica, tenant, LeaseAsk::exactly(want))
+            .await?
+            .granted)
     }
-    /// [`Store::acquire_lease`], also returning the replica's whole lease on the tenant after
-    /// the grant, so the replica can correct its view (a lease reclaimed behind its back, an
-    /// earlier grant whose reply was lost).
+    /// Leases part of the tenant's unleased balance to `replica`, as much as
+    /// [`lease_grant`](quipu_core::billing::lease::lease_grant) says for `ask`, and returns
+    /// the replica's whole lease after the grant (so it can correct its view: a lease
+    /// reclaimed behind its back, an earlier grant whose reply was lost) and what the other
+    /// replicas hold. Refreshes the replica's heartbeat.
     async fn grant_lease(
         &self,
         replica: &str,
         tenant: TenantId,
-        want: Pen,
+        ask: LeaseAsk,
     ) -> StoreResult<LeaseGrant>;
     /// Gives back up to `amount` of `replica`'s lease on the tenant.
     async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()>;
@@ -372,12 +467,55 @@ pub trait Store: UsageStore + Send + Sync {
     /// Deletes the responses created before `before`, then each tenant's oldest beyond
     /// `max_bytes_per_tenant` (by [`StoredResponse::size`]); returns how many were deleted.
     async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64>;
+    /// Applies every ask to its shared rate window (created at zero if new), each atomically
+    /// against concurrent asks of other replicas; returns one grant per ask, in order, and the
+    /// store's clock (milliseconds since the epoch), by which replicas align their windows. At
+    /// most one ask per (subject, window) in a call (`Invalid` otherwise).
+    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)>;
+    /// Deletes rate windows that ended more than `age_ms` ago by the store's clock; returns
+    /// how many.
+    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64>;
+
+    /// Sends `signal` to every replica listening on this store (PostgreSQL `NOTIFY`) and
+    /// returns `true`; a store with no channel between processes (SQLite: one replica) sends
+    /// nothing and returns `false`.
+    async fn notify_replicas(&self, _signal: &ReplicaSignal) -> StoreResult<bool> {
+        Ok(false)
+    }
+    /// Starts receiving the signals replicas send (a connection of its own, re-established
+    /// after a failure; signals sent while it was down are lost, and idle leases still come
+    /// home after a few seconds). `None` for a store with no such channel.
+    async fn listen_replicas(
+        &self,
+    ) -> StoreResult<Option<tokio::sync::mpsc::Receiver<ReplicaSignal>>> {
+        Ok(None)
+    }
 }
 
 /// Checks that a request row can be written by every backend (the charge and the counts fit
 /// their columns): a row failing this is refused by [`Store::record`] with `Invalid`.
 pub fn validate_row(row: &LedgerRow) -> StoreResult<()> {
     rows::check_row(row).map(|_| ())
+}
+
+/// Checks that `asks` name each (subject, window) once (see [`Store::take_quota`]).
+pub fn check_quota_asks(asks: &[QuotaAsk]) -> StoreResult<()> {
+    let mut seen = std::collections::HashSet::with_capacity(asks.len());
+    for a in asks {
+        if a.window_ms <= 0 {
+            return Err(StoreError::Invalid(format!(
+                "rate window of {} must be longer than 0 ms",
+                a.subject
+            )));
+        }
+        if !seen.insert((a.subject.as_str(), a.window_ms, a.window_start)) {
+            return Err(StoreError::Invalid(format!(
+                "rate window {} at {} asked for twice in one call",
+                a.subject, a.window_start
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -406,5 +544,50 @@ pub async fn open(url: &str) -> StoreResult<Arc<dyn Store>> {
             "store.url \"{}\" is not supported; use sqlite://PATH or postgres://USER:PASSWORD@HOST/DB",
             redact_url(url)
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_signals_round_trip_and_unknown_text_is_ignored() {
+        for s in [
+            ReplicaSignal::RecallLeases {
+                tenant: 7,
+                by: "gw-1:42~00ff".into(),
+            },
+            ReplicaSignal::LeasesReturned { tenant: 12 },
+        ] {
+            assert_eq!(ReplicaSignal::from_payload(&s.to_payload()), Some(s));
+        }
+        for bad in [
+            "",
+            "recall",
+            "recall x r",
+            "recall 7",
+            "returned 7 extra",
+            "later 7",
+        ] {
+            assert_eq!(ReplicaSignal::from_payload(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn quota_asks_name_each_window_once() {
+        let ask = |subject: &str, start| QuotaAsk {
+            subject: subject.into(),
+            window_ms: 60_000,
+            window_start: start,
+            add: 0,
+            want: 1,
+            limit: 10,
+        };
+        assert!(check_quota_asks(&[ask("a", 0), ask("a", 60_000), ask("b", 0)]).is_ok());
+        assert!(matches!(
+            check_quota_asks(&[ask("a", 0), ask("a", 0)]),
+            Err(StoreError::Invalid(_))
+        ));
     }
 }

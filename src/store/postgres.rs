@@ -23,6 +23,9 @@
 //! leases does not depend on replicas' clocks agreeing. Ledger `at` and created/revoked times
 //! are the caller's clock, as in SQLite.
 //!
+//! **Between replicas** ([`replicas`]): shared rate windows (one upsert per batch of asks) and
+//! `LISTEN`/`NOTIFY` on the channel `quipu_replicas`, on a connection of its own.
+//!
 //! **Cheap polls.** `keys_version` is one primary-key lookup with no parameters, sent as a
 //! simple query on a pooled connection: one round trip.
 //!
@@ -37,13 +40,12 @@ use super::rows::{
 use super::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
 use super::usage::{rollup, RollupRow};
 use super::{
-    now_ms, responses, schema, ActiveKey, Balance, KeyInfo, LeaseGrant, LedgerRow, ModelTotals,
-    NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, StoredResponse, Tenant,
-    TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
+    check_quota_asks, now_ms, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant, LedgerRow, ModelTotals, NewKey, QuotaAsk, QuotaGrant, RejectedRow, ReplicaSignal, Statement, Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::config::redact_url;
 use crate::money::Pen;
 use async_trait::async_trait;
+use quipu_core::billing::lease::lease_grant;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
@@ -64,6 +66,9 @@ macro_rules! db_now_ms {
         "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
     };
 }
+
+// After `db_now_ms!`, which it uses.
+mod replicas;
 
 /// The PostgreSQL [`Store`].
 pub struct PgStore {
@@ -784,7 +789,7 @@ async fn acquire_lease_tx(
     client: &mut Client,
     replica: &str,
     tenant: TenantId,
-    want: Pen,
+    ask: LeaseAsk,
 ) -> PgResult<LeaseGrant> {
     let tx = client.transaction().await?;
     let balance = lock_tenant(&tx, tenant).await?;
@@ -798,7 +803,7 @@ async fn acquire_lease_tx(
         .await?;
     let own = pen_from_text(&leased.try_get::<_, String>(1)?, "leases.amount")?;
     let leased = pen_from_text(&leased.try_get::<_, String>(0)?, "leases.amount")?;
-    let grant = want.min(balance - leased).max(Pen::ZERO);
+    let grant = lease_grant(ask.need, ask.want, balance - leased);
     if grant > Pen::ZERO {
         tx.execute_typed(
             concat!(
@@ -834,6 +839,7 @@ async fn acquire_lease_tx(
     Ok(LeaseGrant {
         granted: grant,
         held: own + grant,
+        elsewhere: leased - own,
     })
 }
 
@@ -1096,9 +1102,9 @@ impl Store for PgStore {
         &self,
         replica: &str,
         tenant: TenantId,
-        want: Pen,
+        ask: LeaseAsk,
     ) -> StoreResult<LeaseGrant> {
-        with_retry!(self, c => acquire_lease_tx(c, replica, tenant, want))
+        with_retry!(self, c => acquire_lease_tx(c, replica, tenant, ask))
     }
 
     async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()> {
@@ -1167,6 +1173,35 @@ impl Store for PgStore {
                 .await
                 .map_err(PgErr::from)
         })
+    }
+
+    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)> {
+        check_quota_asks(asks)?;
+        if asks.is_empty() {
+            return with_retry!(self, c => replicas::store_now(c)).map(|now| (Vec::new(), now));
+        }
+        with_retry!(self, c => replicas::take_quota(c, asks))
+    }
+
+    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64> {
+        with_retry!(self, c => replicas::expire_quota(c, age_ms))
+    }
+
+    async fn notify_replicas(&self, signal: &ReplicaSignal) -> StoreResult<bool> {
+        let payload = signal.to_payload();
+        with_retry!(self, c => replicas::notify(c, &payload)).map(|()| true)
+    }
+
+    async fn listen_replicas(
+        &self,
+    ) -> StoreResult<Option<tokio::sync::mpsc::Receiver<ReplicaSignal>>> {
+        replicas::listen(self.pool.config.clone(), self.pool.name.clone())
+            .await
+            .map(Some)
+            .map_err(|e| match e {
+                PgErr::Db(e) => self.db_error(&e),
+                PgErr::Store(e) => e,
+            })
     }
 }
 

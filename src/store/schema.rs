@@ -12,6 +12,7 @@
 //! | `leases` | (tenant, replica) → leased amount (exact pico-soles) and `heartbeat_at` |
 //! | `responses` | stored responses of the Responses API: id, tenant, key id, model, created_at, the response object, its conversation's input items, size (migration 4) |
 //! | `ledger_rejects` | the dead-letter table: request rows `record` refused as invalid (request id, tenant, the row as JSON, why, when), so one bad row cannot stop the rows behind it |
+//! | `rate_windows` | shared rate-limit windows: (`subject`, `window_ms`, `window_start`) → `taken` (what the replicas took of the window's quota), `granted` (what the last take granted: PostgreSQL before 18 cannot return a row's old value), `ends_at`; `UNLOGGED` on PostgreSQL (a crash may forget the current window's counts, nothing else) |
 //!
 //! Migration 2 added to `ledger` `unbilled` (i64 pico-soles a request's tokens cost beyond its
 //! reservation, which caps the charge; not in `delta`) and `input_estimated` (1 when
@@ -34,6 +35,9 @@
 //! the conversation's input items (JSON text, exactly as served), and their `size` in bytes;
 //! indexed by (tenant, created_at) for the per-tenant cap and by created_at for the retention
 //! (see `responses`).
+//!
+//! Migration 5 added `rate_windows`: the shared rate windows of several replicas (see
+//! `replicas`).
 //!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
@@ -221,6 +225,21 @@ CREATE INDEX responses_by_tenant ON responses (tenant_id, created_at);
 CREATE INDEX responses_by_age ON responses (created_at);
 "#,
     ),
+    (
+        5,
+        r#"
+CREATE TABLE rate_windows (
+    subject       TEXT    NOT NULL,
+    window_ms     INTEGER NOT NULL CHECK (window_ms > 0),
+    window_start  INTEGER NOT NULL,
+    taken         INTEGER NOT NULL CHECK (taken >= 0),
+    granted       INTEGER NOT NULL DEFAULT 0 CHECK (granted >= 0),
+    ends_at       INTEGER NOT NULL,
+    PRIMARY KEY (subject, window_ms, window_start)
+) STRICT;
+CREATE INDEX rate_windows_by_end ON rate_windows (ends_at);
+"#,
+    ),
 ];
 
 /// PostgreSQL migrations, `(version, SQL)`; the same logical schema as [`SQLITE_MIGRATIONS`].
@@ -356,6 +375,21 @@ CREATE INDEX responses_by_tenant ON responses (tenant_id, created_at);
 CREATE INDEX responses_by_age ON responses (created_at);
 "#,
     ),
+    (
+        5,
+        r#"
+CREATE UNLOGGED TABLE rate_windows (
+    subject       TEXT    NOT NULL,
+    window_ms     BIGINT  NOT NULL CHECK (window_ms > 0),
+    window_start  BIGINT  NOT NULL,
+    taken         BIGINT  NOT NULL CHECK (taken >= 0),
+    granted       BIGINT  NOT NULL DEFAULT 0 CHECK (granted >= 0),
+    ends_at       BIGINT  NOT NULL,
+    PRIMARY KEY (subject, window_ms, window_start)
+);
+CREATE INDEX rate_windows_by_end ON rate_windows (ends_at);
+"#,
+    ),
 ];
 
 /// The schema version this build migrates to.
@@ -381,8 +415,11 @@ mod tests {
         let s: Vec<i64> = SQLITE_MIGRATIONS.iter().map(|m| m.0).collect();
         let p: Vec<i64> = PG_MIGRATIONS.iter().map(|m| m.0).collect();
         assert_eq!(s, p);
-        let expected: Vec<i64> = (1..=s.len() as i64).collect();
-        assert_eq!(s, expected, "migrations are numbered 1, 2, 3, …");
+        assert_eq!(s.first(), Some(&1), "migrations are numbered from 1");
+        assert!(
+            s.windows(2).all(|w| w[0] < w[1]),
+            "migrations are numbered in increasing order: {s:?}"
+        );
     }
 
     #[test]

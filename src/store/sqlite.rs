@@ -35,13 +35,12 @@ use super::sql_money::{
 };
 use super::usage::{rollup, RollupRow};
 use super::{
-    now_ms, responses, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseGrant, LedgerRow,
-    ModelTotals, NewKey, RejectedRow, Statement, Store, StoreError, StoreResult, StoredResponse,
-    Tenant, TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
+    check_quota_asks, now_ms, responses, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseAsk, LeaseGrant, LedgerRow, ModelTotals, NewKey, QuotaAsk, QuotaGrant, RejectedRow, Statement, Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::money::Pen;
 use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
 use async_trait::async_trait;
+use quipu_core::billing::lease::lease_grant;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -49,6 +48,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 pub mod usage;
+mod replicas;
 
 /// How long a writer waits for another process's write transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -722,7 +722,7 @@ impl Store for SqliteStore {
         &self,
         replica: &str,
         tenant: TenantId,
-        want: Pen,
+        ask: LeaseAsk,
     ) -> StoreResult<LeaseGrant> {
         let replica = replica.to_owned();
         self.run(move |conn| {
@@ -732,7 +732,7 @@ impl Store for SqliteStore {
             let leases = read_leases(&tx, tenant)?;
             let leased: Pen = leases.iter().map(|l| l.1).sum();
             let own = leases.iter().find(|l| l.0 == replica).map(|l| l.1);
-            let grant = want.min(balance - leased).max(Pen::ZERO);
+            let grant = lease_grant(ask.need, ask.want, balance - leased);
             let current = own.unwrap_or_default();
             if grant > Pen::ZERO || own.is_some() {
                 write_lease(&tx, tenant, &replica, current + grant, Some(now))?;
@@ -741,6 +741,7 @@ impl Store for SqliteStore {
             Ok(LeaseGrant {
                 granted: grant,
                 held: current + grant,
+                elsewhere: leased - current,
             })
         })
         .await
@@ -1000,6 +1001,18 @@ impl Store for SqliteStore {
 
     async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64> {
         self.run(move |conn| responses::sqlite_prune(conn, before, max_bytes_per_tenant))
+            .await
+    }
+
+    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)> {
+        check_quota_asks(asks)?;
+        let asks = asks.to_vec();
+        self.run(move |conn| replicas::take_quota(conn, &asks))
+            .await
+    }
+
+    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64> {
+        self.run(move |conn| replicas::expire_quota(conn, age_ms))
             .await
     }
 }

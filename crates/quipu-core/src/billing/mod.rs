@@ -13,11 +13,15 @@
 //!    reported (or the estimate), the full price, the charge (never above the reservation) and
 //!    the excess left `unbilled` (in the ledger row and `quipu_unbilled_pen_total`).
 //!
+//! [`lease`] decides how much of a balance one gateway replica leases at a time (smaller
+//! shares when the balance is low).
+//!
 //! [`display`] writes amounts for people (`S/ 1,234.56`, or the exact figure under a céntimo).
 //! The exact unit itself ([`crate::money::Pen`], [`crate::money::Rate`]) lives in
 //! [`crate::money`].
 
 pub mod display;
+pub mod lease;
 pub mod price;
 pub mod quote;
 pub mod settle;

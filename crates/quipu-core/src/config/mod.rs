@@ -47,8 +47,8 @@ pub use raw::{
 pub use replica::{parse_replica, Replica};
 pub use responses::Responses;
 pub use server::{
-    ImageUrlPolicy, Limits, ReasoningField, Security, Server, Streaming, TlsFiles,
-    PINGORA_MAX_HEAD_BYTES,
+    runtime_file_stem, ImageUrlPolicy, LimitEngine, Limits, ReasoningField, Security, Server,
+    Streaming, TlsFiles, PINGORA_MAX_HEAD_BYTES,
 };
 pub use store::{redact_url, Billing, Store};
 
@@ -137,7 +137,7 @@ impl Config {
         let server = server::validate_server(server, env, &mut errs);
         let store = store::validate_store(store, env, &mut errs);
         let billing = store::validate_billing(billing, &mut errs);
-        let limits = server::limits(limits);
+        let limits = server::limits(limits, &mut errs);
         let streaming = server::validate_streaming(streaming, &mut errs);
         let security = server::validate_security(security, &mut errs);
         let responses = responses::validate_responses(responses, &mut errs);

@@ -59,8 +59,13 @@ pub struct RawServer {
     pub keepalive_timeout_s: u64,
     pub grace_period_seconds: u64,
     pub graceful_shutdown_timeout_seconds: u64,
-    pub pid_file: String,
-    pub upgrade_sock: String,
+    /// Default: `/tmp/quipu-<port>.pid` (`/tmp/quipu-<ip>-<port>.pid` for a listener on one
+    /// address), so processes on one host with different listeners never share it.
+    pub pid_file: Option<String>,
+    /// The graceful-upgrade hand-over socket; default derived from the listener like
+    /// `pid_file` (`/tmp/quipu-<port>_upgrade.sock`): the new process of an upgrade has the same
+    /// listener, so it finds the old one's.
+    pub upgrade_sock: Option<String>,
     pub replica_id: Option<String>,
     pub access_log: bool,
     /// TLS on the API listener: `{ cert = "…pem", key = "…pem" }` (PEM chain and key).
@@ -124,8 +129,8 @@ impl Default for RawServer {
             keepalive_timeout_s: 75,
             grace_period_seconds: 900,
             graceful_shutdown_timeout_seconds: 5,
-            pid_file: "/tmp/quipu.pid".into(),
-            upgrade_sock: "/tmp/quipu_upgrade.sock".into(),
+            pid_file: None,
+            upgrade_sock: None,
             replica_id: None,
             access_log: true,
             tls: None,
@@ -190,13 +195,34 @@ impl Default for RawBilling {
 }
 
 /// Defaults for keys and tenants; 0 means unlimited.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawLimits {
     pub key_requests_per_minute: u64,
     pub key_tokens_per_minute: u64,
     pub tenant_requests_per_minute: u64,
     pub tenant_tokens_per_minute: u64,
+    /// Where windows are counted: `auto` (the store's shared windows on PostgreSQL, exact
+    /// in-process counts on SQLite), `local` (in-process: each replica counts alone) or
+    /// `store` (shared windows on either store).
+    pub engine: String,
+    /// Length of a rate window in seconds; windows are aligned to the wall clock (UTC), so
+    /// every replica counts the same one. The limits are counts per window: keep 60 for
+    /// per-minute limits (a shorter window, for tests, counts the same numbers in less time).
+    pub window_s: u64,
+}
+
+impl Default for RawLimits {
+    fn default() -> Self {
+        RawLimits {
+            key_requests_per_minute: 0,
+            key_tokens_per_minute: 0,
+            tenant_requests_per_minute: 0,
+            tenant_tokens_per_minute: 0,
+            engine: "auto".into(),
+            window_s: 60,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -52,12 +52,40 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Rate-limit defaults for keys and tenants (0 = unlimited), counted per window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub key_requests_per_minute: u64,
     pub key_tokens_per_minute: u64,
     pub tenant_requests_per_minute: u64,
     pub tenant_tokens_per_minute: u64,
+    pub engine: LimitEngine,
+    /// Length of a window, aligned to the wall clock (60 s unless configured for tests).
+    pub window: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            key_requests_per_minute: 0,
+            key_tokens_per_minute: 0,
+            tenant_requests_per_minute: 0,
+            tenant_tokens_per_minute: 0,
+            engine: LimitEngine::Auto,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where rate windows are counted (`[limits] engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitEngine {
+    /// The store's shared windows on PostgreSQL (several replicas), in-process on SQLite.
+    Auto,
+    /// In-process counts: exact for one replica; each replica counts alone.
+    Local,
+    /// The store's shared windows, whatever the store.
+    Store,
 }
 
 /// Where a chat-format client reads reasoning text.
@@ -172,8 +200,23 @@ pub(super) fn validate_server(
             key: key.into(),
         }
     });
+    let listen = socket_addr(&s.listen, "server.listen", errs);
+    let stem = runtime_file_stem(&listen);
+    let file = |value: Option<String>, key: &str, suffix: &str, errs: &mut Vec<String>| match value
+    {
+        Some(v) if v.trim().is_empty() => {
+            errs.push(format!(
+                "server.{key} must name a file, got \"\"; leave it out for the default ({stem}{suffix})"
+            ));
+            format!("{stem}{suffix}")
+        }
+        Some(v) => v,
+        None => format!("{stem}{suffix}"),
+    };
+    let pid_file = file(s.pid_file, "pid_file", ".pid", errs);
+    let upgrade_sock = file(s.upgrade_sock, "upgrade_sock", "_upgrade.sock", errs);
     Server {
-        listen: socket_addr(&s.listen, "server.listen", errs),
+        listen,
         metrics_listen: socket_addr(&s.metrics_listen, "server.metrics_listen", errs),
         admin_listen: socket_addr(&s.admin_listen, "server.admin_listen", errs),
         admin_token,
@@ -188,8 +231,8 @@ pub(super) fn validate_server(
         keepalive_timeout_s: s.keepalive_timeout_s,
         grace_period_seconds: s.grace_period_seconds,
         graceful_shutdown_timeout_seconds: s.graceful_shutdown_timeout_seconds,
-        pid_file: s.pid_file,
-        upgrade_sock: s.upgrade_sock,
+        pid_file,
+        upgrade_sock,
         replica_id: s.replica_id.filter(|r| !r.is_empty()),
         access_log: s.access_log,
         tls,
@@ -202,12 +245,51 @@ pub(super) fn validate_server(
     }
 }
 
-pub(super) fn limits(l: RawLimits) -> Limits {
+pub(super) fn limits(l: RawLimits, errs: &mut Vec<String>) -> Limits {
+    let RawLimits {
+        key_requests_per_minute,
+        key_tokens_per_minute,
+        tenant_requests_per_minute,
+        tenant_tokens_per_minute,
+        engine,
+        window_s,
+    } = l;
+    let engine = match engine.as_str() {
+        "auto" => LimitEngine::Auto,
+        "local" => LimitEngine::Local,
+        "store" => LimitEngine::Store,
+        other => {
+            errs.push(format!(
+                "limits.engine must be \"auto\", \"local\" or \"store\", got \"{other}\""
+            ));
+            LimitEngine::Auto
+        }
+    };
+    if !(1..=3_600).contains(&window_s) {
+        errs.push(format!(
+            "limits.window_s must be between 1 and 3600 seconds (60 for per-minute limits), got {window_s}"
+        ));
+    }
     Limits {
-        key_requests_per_minute: l.key_requests_per_minute,
-        key_tokens_per_minute: l.key_tokens_per_minute,
-        tenant_requests_per_minute: l.tenant_requests_per_minute,
-        tenant_tokens_per_minute: l.tenant_tokens_per_minute,
+        key_requests_per_minute,
+        key_tokens_per_minute,
+        tenant_requests_per_minute,
+        tenant_tokens_per_minute,
+        engine,
+        window: Duration::from_secs(window_s.clamp(1, 3_600)),
+    }
+}
+
+/// The default `pid_file` and `upgrade_sock` of a listener: `/tmp/quipu-<port>` for a listener
+/// on every address, `/tmp/quipu-<ip>-<port>` for one address (IPv6 colons as `_`). Two
+/// processes with different listeners never share them; the new process of a graceful upgrade,
+/// which has the same listener, finds the old one's socket.
+pub fn runtime_file_stem(listen: &SocketAddr) -> String {
+    if listen.ip().is_unspecified() {
+        format!("/tmp/quipu-{}", listen.port())
+    } else {
+        let ip = listen.ip().to_string().replace(':', "_");
+        format!("/tmp/quipu-{ip}-{}", listen.port())
     }
 }
 

@@ -248,3 +248,67 @@ fn url_redaction() {
     );
     assert_eq!(redact_url("sqlite://data/q.db"), "sqlite://data/q.db");
 }
+
+#[test]
+fn pid_file_and_upgrade_sock_follow_the_listener_unless_set() {
+    let with_server = |server: &str| parse(&format!("[server]\n{server}\n{MINIMAL}")).unwrap();
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.server.pid_file, "/tmp/quipu-8080.pid");
+    assert_eq!(c.server.upgrade_sock, "/tmp/quipu-8080_upgrade.sock");
+    // Two replicas on one host, on other ports: files of their own.
+    let a = with_server("listen = \"0.0.0.0:8081\"");
+    let b = with_server("listen = \"127.0.0.1:8082\"");
+    assert_eq!(a.server.pid_file, "/tmp/quipu-8081.pid");
+    assert_eq!(b.server.pid_file, "/tmp/quipu-127.0.0.1-8082.pid");
+    assert_eq!(
+        b.server.upgrade_sock,
+        "/tmp/quipu-127.0.0.1-8082_upgrade.sock"
+    );
+    assert_ne!(a.server.upgrade_sock, b.server.upgrade_sock);
+    let v6 = with_server("listen = \"[::1]:8083\"");
+    assert_eq!(v6.server.pid_file, "/tmp/quipu-__1-8083.pid");
+    // Explicit settings win.
+    let set = with_server("pid_file = \"/run/q.pid\"\nupgrade_sock = \"/run/q.sock\"");
+    assert_eq!(
+        (
+            set.server.pid_file.as_str(),
+            set.server.upgrade_sock.as_str()
+        ),
+        ("/run/q.pid", "/run/q.sock")
+    );
+    let e = parse(&format!("[server]\npid_file = \" \"\n{MINIMAL}"))
+        .unwrap_err()
+        .0
+        .join("\n");
+    assert!(
+        e.contains("server.pid_file") && e.contains("/tmp/quipu-8080.pid"),
+        "{e}"
+    );
+}
+
+#[test]
+fn limit_engine_and_window() {
+    let c = parse(MINIMAL).unwrap();
+    assert_eq!(c.limits.engine, LimitEngine::Auto);
+    assert_eq!(c.limits.window, Duration::from_secs(60));
+    let c = parse(&format!(
+        "[limits]\nengine = \"store\"\nwindow_s = 5\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert_eq!(
+        (c.limits.engine, c.limits.window),
+        (LimitEngine::Store, Duration::from_secs(5))
+    );
+    let local = parse(&format!("[limits]\nengine = \"local\"\n{MINIMAL}")).unwrap();
+    assert_eq!(local.limits.engine, LimitEngine::Local);
+    let e = parse(&format!(
+        "[limits]\nengine = \"redis\"\nwindow_s = 0\n{MINIMAL}"
+    ))
+    .unwrap_err()
+    .0
+    .join("\n");
+    assert!(
+        e.contains("limits.engine") && e.contains("limits.window_s"),
+        "{e}"
+    );
+}
