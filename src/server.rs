@@ -233,6 +233,11 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         upgrade: flags.upgrade,
         ..Opt::default()
     };
+    let responses = crate::proxy::responses::StoredResponses::start(
+        store.clone(),
+        billing_rt.handle(),
+        config.responses.max_queued_bytes,
+    );
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
@@ -270,11 +275,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         life: life.clone(),
         meters: Meters::new(config.models.iter().map(|m| m.slug.as_str())),
         account_reads: crate::proxy::account::AccountReads::new(store.clone()),
-        responses: crate::proxy::responses::StoredResponses::start(
-            store.clone(),
-            billing_rt.handle(),
-            config.responses.max_queued_bytes,
-        ),
+        responses: responses.clone(),
     };
     let certs = match &config.server.tls {
         Some(files) => Some(CertStore::open(&files.cert, &files.key).map_err(|e| {
@@ -363,6 +364,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         replica,
         writer_stop: writer_stop_tx,
         writer_task: parking_lot::Mutex::new(Some(writer_task)),
+        responses: responses.clone(),
     });
     let drain_finish = finish.clone();
     let grace = Duration::from_secs(config.server.grace_period_seconds);
@@ -587,6 +589,8 @@ struct Finisher {
     replica: String,
     writer_stop: tokio::sync::watch::Sender<bool>,
     writer_task: parking_lot::Mutex<Option<tokio::task::JoinHandle<usize>>>,
+    /// Stored responses (Responses API) still queued for the store are written before exit.
+    responses: Arc<crate::proxy::responses::StoredResponses>,
 }
 
 /// Most time a shutdown spends returning this replica's leases (best effort: a lease not
@@ -608,6 +612,10 @@ impl Finisher {
                     0
                 }
             };
+            let unwritten = self.responses.flush(LEASE_RETURN_TIMEOUT).await;
+            if unwritten > 0 {
+                log::error!("{unwritten} stored responses not written before exit");
+            }
             // Slices of shared rate windows this replica did not use: the others may.
             self.limiter
                 .give_back(self.store.as_ref(), LEASE_RETURN_TIMEOUT)

@@ -705,6 +705,7 @@ mod tests {
             key_tokens_per_minute: 100_000,
             tenant_requests_per_minute: 600,
             tenant_tokens_per_minute: 0,
+            ..Limits::default()
         };
         let inflight = InFlight {
             reserved: Pen::from_centimos(100),

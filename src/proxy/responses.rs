@@ -118,6 +118,23 @@ impl StoredResponses {
         Ok(self.store.get_response(tenant, id).await?.map(Arc::new))
     }
 
+    /// Waits, at most `timeout`, until every queued response is in the store (a graceful
+    /// shutdown calls it after the drain, so a response answered just before SIGTERM is not
+    /// lost); returns how many are still waiting.
+    pub async fn flush(&self, timeout: std::time::Duration) -> usize {
+        let by = tokio::time::Instant::now() + timeout;
+        loop {
+            let waiting = self.pending.lock().len();
+            if self.queued.load(Ordering::SeqCst) == 0 || waiting == 0 {
+                return 0;
+            }
+            if tokio::time::Instant::now() >= by {
+                return waiting;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Deletes the stored response `id` of `tenant`; whether there was one.
     async fn delete(&self, tenant: TenantId, id: &str) -> Result<bool, StoreError> {
         let waiting = {

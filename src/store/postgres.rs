@@ -40,7 +40,10 @@ use super::rows::{
 use super::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
 use super::usage::{rollup, RollupRow};
 use super::{
-    check_quota_asks, now_ms, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant, LedgerRow, ModelTotals, NewKey, QuotaAsk, QuotaGrant, RejectedRow, ReplicaSignal, Statement, Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
+    check_quota_asks, now_ms, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant,
+    LedgerRow, ModelTotals, NewKey, QuotaAsk, QuotaGrant, RejectedRow, ReplicaSignal, Statement,
+    Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUp,
+    TopUpOutcome, UnixMs,
 };
 use crate::config::redact_url;
 use crate::money::Pen;

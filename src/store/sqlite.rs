@@ -35,7 +35,10 @@ use super::sql_money::{
 };
 use super::usage::{rollup, RollupRow};
 use super::{
-    check_quota_asks, now_ms, responses, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseAsk, LeaseGrant, LedgerRow, ModelTotals, NewKey, QuotaAsk, QuotaGrant, RejectedRow, Statement, Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUp, TopUpOutcome, UnixMs,
+    check_quota_asks, now_ms, responses, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseAsk,
+    LeaseGrant, LedgerRow, ModelTotals, NewKey, QuotaAsk, QuotaGrant, RejectedRow, Statement,
+    Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUp,
+    TopUpOutcome, UnixMs,
 };
 use crate::money::Pen;
 use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
@@ -47,8 +50,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
-pub mod usage;
 mod replicas;
+pub mod usage;
 
 /// How long a writer waits for another process's write transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
