@@ -2,18 +2,19 @@
 """Instructions per request of Quipu builds, counted by callgrind: a figure that does not move
 with the machine's load, for before/after comparisons of a change.
 
-    python3 benches/instructions.py                       # this build
-    python3 benches/instructions.py --baseline OLD/quipu  # and an earlier build, same requests
+    python3 benches/instructions.py                                  # this build
+    python3 benches/instructions.py --baseline OLD/quipu             # and an earlier build
+    python3 benches/instructions.py --kinds chat,messages,responses  # the three formats
 
-Each build serves the same fixed number of requests (chat and messages, non-streaming and
-streaming, four keep-alive connections at a time: per-request cost, as wrk measures it) from the simulator, under
-`valgrind --tool=callgrind` with collection off until the requests start and off again when they
-end (`callgrind_control -i`), so start-up and shutdown are not counted; the instructions of
-that phase (every thread: the ledger's and the access log's included) are divided by the
-requests. Work driven by timers (the ledger's 10 ms flush, health checks) is counted for as
-long as the phase lasts, which under valgrind is minutes: a few percent of the figure, the same
-for two builds that share those timers. `--rounds 2` measures the builds alternately twice, to
-show the figure's spread. Needs valgrind (Debian: `apt-get install valgrind`).
+Each build serves the same number of requests of each kind (non-streaming and streaming, four
+keep-alive connections at a time: per-request cost, as wrk measures it) from the simulator,
+under `valgrind --tool=callgrind` with instrumentation off except while a kind's requests run
+(`callgrind_control -i`, one dump per kind), so start-up and shutdown are not counted. Each
+phase's instructions, on every thread (the ledger's, the access log's, the stored-response
+writer's included), are divided by its requests. Work driven by timers (the ledger's 10 ms
+flush, health checks) is counted for as long as a phase lasts: a little, and the same for two
+builds that share those timers. `--rounds 2` measures the builds alternately twice, to show the
+spread. Needs valgrind (Debian: `apt-get install valgrind`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ BODIES = {
                                       "messages": [{"role": "user", "content": "hola, ¿qué tal? [[sim: tokens=16]]"}]}),
     "messages": ("/v1/messages", {"model": "colibri", "max_tokens": 16,
                                   "messages": [{"role": "user", "content": "hola, ¿qué tal? [[sim: tokens=16]]"}]}),
+    # Stored (`store` defaults to true), as the SDKs and Codex send it.
+    "responses": ("/v1/responses", {"model": "colibri", "max_output_tokens": 16,
+                                    "input": "hola, ¿qué tal? [[sim: tokens=16]]"}),
 }
 
 
@@ -55,7 +59,7 @@ def post(conn: http.client.HTTPConnection, key: str, path: str, body: dict, stre
         raise RuntimeError(f"{path}: HTTP {r.status}")
 
 
-def measure(exe: str, sim_port: int, work: Path, label: str, per_kind: int) -> dict:
+def measure(exe: str, sim_port: int, work: Path, label: str, per_kind: int, kinds: list[str]) -> dict:
     port, mport = free_port(), free_port()
     cfg = work / f"{label}.toml"
     cfg.write_text(f"""
@@ -91,12 +95,16 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
     time.sleep(2)
     # First-request set-up (pool, lazy statics) is not counted.
     post(http.client.HTTPConnection("127.0.0.1", port, timeout=60), key, *BODIES["chat"], False)
-    control = lambda flag: subprocess.run(["callgrind_control", "-i", flag, str(proc.pid)], check=True,  # noqa: E731
-                                          capture_output=True)
-    control("on")
+    def control(*flags: str) -> None:
+        subprocess.run(["callgrind_control", *flags, str(proc.pid)], check=True, capture_output=True)
+
     total = 0
-    for kind, (path, body) in BODIES.items():
+    parts = []  # (kind, stream, requests), in the order of their dumps
+    for kind in kinds:
+        path, body = BODIES[kind]
         for stream in (False, True):
+            control("-z")
+            control("-i", "on")
             def worker(n=per_kind // 4):
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
                 for _ in range(n):
@@ -107,15 +115,29 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
                 t.start()
             for t in threads:
                 t.join()
-            total += (per_kind // 4) * 4
-    control("off")
+            time.sleep(0.5)  # background work the requests queued (ledger rows, stored responses)
+            control("-i", "off")
+            control("-d")
+            n = (per_kind // 4) * 4
+            parts.append((kind, stream, n))
+            total += n
     proc.send_signal(15)
     proc.wait(timeout=120)
-    text = subprocess.run(["callgrind_annotate", str(out)], capture_output=True, text=True).stdout
-    m = re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", text) or re.search(r"([\d,]+)\s+PROGRAM TOTALS", text)
-    instructions = int(m.group(1).replace(",", "")) if m else None
+    dumps = sorted(work.glob(f"{label}.callgrind.*"), key=lambda f: int(f.name.rsplit(".", 1)[1]))
+    by_kind = {}
+    instructions = 0
+    for (kind, stream, n), dump in zip(parts, dumps):
+        ir = totals(dump)
+        instructions += ir
+        by_kind[f"{kind}{'_stream' if stream else ''}"] = ir / n
     return {"label": label, "requests": total, "instructions": instructions,
-            "per_request": instructions / total if instructions else None}
+            "per_request": instructions / total if instructions else None, "by_kind": by_kind}
+
+
+def totals(dump: Path) -> int:
+    text = subprocess.run(["callgrind_annotate", str(dump)], capture_output=True, text=True).stdout
+    m = re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", text) or re.search(r"([\d,]+)\s+PROGRAM TOTALS", text)
+    return int(m.group(1).replace(",", "")) if m else 0
 
 
 def main() -> int:
@@ -124,6 +146,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000, help="requests of each of the four kinds")
     ap.add_argument("--rounds", type=int, default=1, help="measure each build this many times, alternately")
     ap.add_argument("--keep", action="store_true", help="keep the callgrind files (for callgrind_annotate)")
+    ap.add_argument("--kinds", default="chat,messages",
+                    help="request kinds, of chat,messages,responses (an earlier build may lack responses)")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
@@ -135,13 +159,15 @@ def main() -> int:
     try:
         wait_http(f"http://127.0.0.1:{sim_port}/health")
         builds = [("now", str(REL / "quipu"))] + ([("baseline", args.baseline)] if args.baseline else [])
-        results = [measure(exe, sim_port, work, f"{label}{k}", args.requests)
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        results = [measure(exe, sim_port, work, f"{label}{k}", args.requests, kinds)
                    for k in range(args.rounds) for label, exe in builds]
     finally:
         sim.terminate()
         sim.wait()
     for r in results:
-        print(f"{r['label']}: {r['per_request']:,.0f} instructions per request ({r['requests']} requests)")
+        print(f"{r['label']}: {r['per_request']:,.0f} instructions per request ({r['requests']} requests); "
+              + ", ".join(f"{k} {v:,.0f}" for k, v in r["by_kind"].items()))
     if args.baseline and all(r["per_request"] for r in results):
         now = [r["per_request"] for r in results if r["label"].startswith("now")]
         before = [r["per_request"] for r in results if r["label"].startswith("baseline")]

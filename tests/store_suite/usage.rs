@@ -161,6 +161,9 @@ pub async fn keys_requests_and_top_ups_are_paged_per_tenant(fx: &Fixture) {
     let b = tenant_with(&*s, "beta", "0").await;
     for amount in ["10", "20", "30"] {
         s.top_up(a, soles(amount), amount).await.unwrap();
+        // Newest first means by time: top-ups in one millisecond are ordered by their (random)
+        // ids instead, so each gets a millisecond of its own.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
     }
     s.top_up(b, soles("99"), "beta's").await.unwrap();
     let mut keys = Vec::new();
