@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,29 @@ ROOT = Path(__file__).resolve().parents[1]
 REL = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import tls as tlsmod  # noqa: E402
 from run import free_port, wait_http  # noqa: E402
+
+# Set by --tls: the test CA's client context, and the server's certificate and key.
+CLIENT_CTX = None
+CERTS: dict = {}
+
+
+def connect(port: int) -> http.client.HTTPConnection:
+    if CLIENT_CTX is not None:
+        return http.client.HTTPSConnection("127.0.0.1", port, timeout=60, context=CLIENT_CTX)
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+
+def wait_port(port: int, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"port {port}")
 
 BODIES = {
     "chat": ("/v1/chat/completions", {"model": "colibri", "max_tokens": 16,
@@ -59,12 +82,23 @@ def post(conn: http.client.HTTPConnection, key: str, path: str, body: dict, stre
         raise RuntimeError(f"{path}: HTTP {r.status}")
 
 
-def measure(exe: str, sim_port: int, work: Path, label: str, per_kind: int, kinds: list[str]) -> dict:
+def measure(exe: str, sim_port: int, work: Path, label: str, per_kind: int, kinds: list[str],
+            bare: bool = False) -> dict:
+    """One build under callgrind; `bare`: the bare Pingora forwarder (chat requests only, no key)."""
     port, mport = free_port(), free_port()
+    out = work / f"{label}.callgrind"
+    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+    if bare:
+        tls_args = ["--tls-cert", str(CERTS["cert"]), "--tls-key", str(CERTS["key"])] if CERTS else []
+        proc = subprocess.Popen([*valgrind, exe, "--listen", f"127.0.0.1:{port}",
+                                 "--upstream", f"127.0.0.1:{sim_port}", *tls_args],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return run_phases(proc, port, "none", work, label, per_kind, kinds, out)
+    tls_line = f'tls = {{ cert = "{CERTS["cert"]}", key = "{CERTS["key"]}" }}\n' if CERTS else ""
     cfg = work / f"{label}.toml"
     cfg.write_text(f"""
 [server]
-listen = "127.0.0.1:{port}"
+{tls_line}listen = "127.0.0.1:{port}"
 metrics_listen = "127.0.0.1:{mport}"
 threads = 1
 pid_file = "{work}/{label}.pid"
@@ -84,17 +118,18 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
     run("tenant", "create", "bench")
     run("topup", "--tenant", "bench", "--amount", "1000000.00")
     key = json.loads(run("key", "create", "--tenant", "bench", "--json").stdout)["secret"]
-    out = work / f"{label}.callgrind"
     serve_env = {k: v for k, v in os.environ.items() if k not in ("QUIPU_LOG", "RUST_LOG")}
-    proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                             f"--callgrind-out-file={out}", exe,
-                             "--config", str(cfg), "serve"], env=serve_env,
+    proc = subprocess.Popen([*valgrind, exe, "--config", str(cfg), "serve"], env=serve_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    wait_http(base + "/health", timeout=180)
+    return run_phases(proc, port, key, work, label, per_kind, kinds, out)
+
+
+def run_phases(proc, port: int, key: str, work: Path, label: str, per_kind: int, kinds: list[str],
+               out: Path) -> dict:
+    wait_port(port)
     time.sleep(2)
     # First-request set-up (pool, lazy statics) is not counted.
-    post(http.client.HTTPConnection("127.0.0.1", port, timeout=60), key, *BODIES["chat"], False)
+    post(connect(port), key, *BODIES["chat"], False)
     def control(*flags: str) -> None:
         subprocess.run(["callgrind_control", *flags, str(proc.pid)], check=True, capture_output=True)
 
@@ -106,7 +141,7 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
             control("-z")
             control("-i", "on")
             def worker(n=per_kind // 4):
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                conn = connect(port)
                 for _ in range(n):
                     post(conn, key, path, body, stream)
                 conn.close()
@@ -148,11 +183,18 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the callgrind files (for callgrind_annotate)")
     ap.add_argument("--kinds", default="chat,messages",
                     help="request kinds, of chat,messages,responses (an earlier build may lack responses)")
+    ap.add_argument("--bare", action="store_true",
+                    help="also count the bare Pingora forwarder (benches/bare-forwarder), chat requests only")
+    ap.add_argument("--tls", action="store_true", help="serve over TLS (a test CA), keep-alive connections")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="quipu-instr-"))
+    if args.tls:
+        global CLIENT_CTX, CERTS
+        CERTS = tlsmod.make_certs(work)
+        CLIENT_CTX = tlsmod.client_context(CERTS["ca"])
     sim_port = free_port()
     sim = subprocess.Popen([str(REL / "quipu-sim"), "--listen", f"127.0.0.1:{sim_port}", "--threads", "1"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,6 +204,9 @@ def main() -> int:
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         results = [measure(exe, sim_port, work, f"{label}{k}", args.requests, kinds)
                    for k in range(args.rounds) for label, exe in builds]
+        if args.bare:
+            results += [measure(str(REL / "bare-forwarder"), sim_port, work, f"bare{k}", args.requests,
+                                ["chat"], bare=True) for k in range(args.rounds)]
     finally:
         sim.terminate()
         sim.wait()
@@ -173,6 +218,11 @@ def main() -> int:
         before = [r["per_request"] for r in results if r["label"].startswith("baseline")]
         print(f"now / baseline: {min(now) / min(before):.3f} (lowest of each), "
               f"{max(now) / max(before):.3f} (highest of each)")
+    if args.bare:
+        for kind in ("chat", "chat_stream"):
+            now = min(r["by_kind"][kind] for r in results if r["label"].startswith("now"))
+            bare = min(r["by_kind"][kind] for r in results if r["label"].startswith("bare"))
+            print(f"{kind}: quipu / bare forwarder {now / bare:.2f}")
     if args.keep:
         print(f"callgrind files in {work}")
     else:
