@@ -512,10 +512,15 @@ impl ResponsesStream {
             name.clone_into(&mut t.name);
         }
         let was_complete = t.scan.status() == Scan::Complete;
+        let was_empty = t.scan.status() == Scan::Empty;
         let args = match args {
             Some(a) => match t.scan.feed(a) {
                 Scan::Invalid => return Err(malformed_tool_arguments()),
                 Scan::Empty => None,
+                // The first fragment with content: its leading whitespace is dropped, as the
+                // non-streaming translation drops it (`response::shown_arguments`), so both give the
+                // same `arguments`.
+                _ if was_empty => Some(a.trim_start_matches([' ', '\t', '\n', '\r'])),
                 _ => Some(a),
             },
             None => None,
