@@ -39,9 +39,15 @@ pub(super) fn status_of(stop: StopReason) -> Status {
     }
 }
 
-/// Arguments as forwarded: leading whitespace dropped, `{}` for none.
-pub(super) fn shown_arguments(arguments: &str) -> &str {
+/// Arguments as the stream forwards them: leading whitespace dropped, and trailing whitespace
+/// too once the object is complete (`scan`: [`ObjectScanner::check`] of them; in incomplete
+/// arguments it may be inside a string); `{}` for none.
+pub(super) fn shown_arguments(arguments: &str, scan: Scan) -> &str {
     let a = arguments.trim_start_matches([' ', '\t', '\n', '\r']);
+    let a = match scan {
+        Scan::Complete => a.trim_end_matches([' ', '\t', '\n', '\r']),
+        Scan::Empty | Scan::Partial | Scan::Invalid => a,
+    };
     if a.is_empty() {
         "{}"
     } else {
@@ -153,7 +159,7 @@ fn completion_to_response(
             index,
             id,
             name,
-            shown_arguments(args[k]),
+            shown_arguments(args[k], scans[k]),
             item_status(index, scans[k] == Scan::Partial),
         );
         index += 1;

@@ -58,6 +58,9 @@ use crate::translate::messages::response::{
 use crate::translate::{json_failure, malformed_stream, scrub_error, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
 
+/// JSON's whitespace.
+const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
+
 /// Most bytes of tool arguments held back for calls waiting for their item (as in the
 /// messages stream: a response is at most 8192 tokens).
 pub const MAX_HELD_ARGUMENTS: usize = 1024 * 1024;
@@ -517,10 +520,19 @@ impl ResponsesStream {
             Some(a) => match t.scan.feed(a) {
                 Scan::Invalid => return Err(malformed_tool_arguments()),
                 Scan::Empty => None,
-                // The first fragment with content: its leading whitespace is dropped, as the
-                // non-streaming translation drops it (`response::shown_arguments`), so both give the
-                // same `arguments`.
-                _ if was_empty => Some(a.trim_start_matches([' ', '\t', '\n', '\r'])),
+                // Whitespace around the object is dropped, as the non-streaming translation
+                // drops it (`response::shown_arguments`), so both give the same `arguments`:
+                // before the first fragment with content, and after the one that completes
+                // the object (nothing but whitespace may follow it).
+                Scan::Complete if was_complete => None,
+                Scan::Complete => Some(
+                    match was_empty {
+                        true => a.trim_start_matches(JSON_WS),
+                        false => a,
+                    }
+                    .trim_end_matches(JSON_WS),
+                ),
+                _ if was_empty => Some(a.trim_start_matches(JSON_WS)),
                 _ => Some(a),
             },
             None => None,
