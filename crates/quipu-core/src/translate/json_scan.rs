@@ -17,6 +17,9 @@
 /// Most nested containers: serde_json's recursion limit of 128 admits 127.
 pub const MAX_NESTING: usize = 127;
 
+/// JSON's whitespace: what may stand around a value (RFC 8259 §2).
+pub const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
+
 /// Where the text fed so far stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scan {

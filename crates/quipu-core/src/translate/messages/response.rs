@@ -19,7 +19,7 @@ use super::rawjson::is_object;
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::protocol::anthropic_out::{Block, Message, MessageId, MessageKind, Role, UsageOut};
 use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
-use crate::translate::json_scan::{ObjectScanner, Scan};
+use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{json_failure, scrub_error, ResponseContext};
 use crate::usage::Usage;
@@ -176,7 +176,7 @@ pub fn incomplete_tool_arguments(finish: &str) -> ApiError {
 /// passed but `serde_json` will not hold (nested deeper than its limit) is malformed too.
 pub fn tool_input(arguments: &str, scan: Scan) -> Result<&RawValue, ApiError> {
     let raw = match scan {
-        Scan::Complete => arguments.trim_matches([' ', '\t', '\n', '\r']),
+        Scan::Complete => arguments.trim_matches(JSON_WS),
         _ => "{}",
     };
     serde_json::from_str(raw).map_err(|_| malformed_tool_arguments())

@@ -22,7 +22,7 @@ use super::object::{
 use super::ResponsesContext;
 use crate::error::{ApiError, ClientFormat};
 use crate::protocol::upstream::ChatCompletion;
-use crate::translate::json_scan::{ObjectScanner, Scan};
+use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
 use crate::translate::messages::response::{
     incomplete_tool_arguments, malformed_response, malformed_tool_arguments, stop_reason,
     upstream_error_in, StopReason,
@@ -43,9 +43,9 @@ pub(super) fn status_of(stop: StopReason) -> Status {
 /// too once the object is complete (`scan`: [`ObjectScanner::check`] of them; in incomplete
 /// arguments it may be inside a string); `{}` for none.
 pub(super) fn shown_arguments(arguments: &str, scan: Scan) -> &str {
-    let a = arguments.trim_start_matches([' ', '\t', '\n', '\r']);
+    let a = arguments.trim_start_matches(JSON_WS);
     let a = match scan {
-        Scan::Complete => a.trim_end_matches([' ', '\t', '\n', '\r']),
+        Scan::Complete => a.trim_end_matches(JSON_WS),
         Scan::Empty | Scan::Partial | Scan::Invalid => a,
     };
     if a.is_empty() {
@@ -107,7 +107,7 @@ fn completion_to_response(
         + text.map_or(0, str::len)
         + args
             .iter()
-            .map(|a| a.trim_start_matches([' ', '\t', '\n', '\r']).len())
+            .map(|a| a.trim_start_matches(JSON_WS).len())
             .sum::<usize>();
     let usage = c.usage().unwrap_or(Usage {
         // No usage reported: estimate output at 4 bytes a token rather than bill nothing.

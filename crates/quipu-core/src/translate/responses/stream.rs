@@ -51,15 +51,12 @@ use super::response::status_of;
 use super::ResponsesContext;
 use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
-use crate::translate::json_scan::{ObjectScanner, Scan};
+use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
 use crate::translate::messages::response::{
     incomplete_tool_arguments, malformed_tool_arguments, stop_reason, upstream_error_in, StopReason,
 };
 use crate::translate::{json_failure, malformed_stream, scrub_error, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
-
-/// JSON's whitespace.
-const JSON_WS: [char; 4] = [' ', '\t', '\n', '\r'];
 
 /// Most bytes of tool arguments held back for calls waiting for their item (as in the
 /// messages stream: a response is at most 8192 tokens).
