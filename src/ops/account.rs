@@ -679,6 +679,9 @@ mod tests {
         top_up(&*s, "acme", "50.00", "first", min(), None)
             .await
             .unwrap();
+        // Newest first is by time, then by (random) id: the second top-up gets its own
+        // millisecond so that "newest" is well defined.
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
         top_up(&*s, "acme", "20.00", "second", min(), None)
             .await
             .unwrap();
