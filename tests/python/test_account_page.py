@@ -85,7 +85,10 @@ def test_sign_in_balance_chart_and_a_new_request(gw, browser):
     for i in range(3):
         chat(gw, secret, f"hola {i} [[sim: tokens={5 + i}]]")
     wait_until(lambda: in_flight_is_empty(gw, secret), 10, "the charges to reach the ledger")
-    wait = WebDriverWait(browser, 15)
+    # The page re-renders its tables as data arrives: an element found a moment ago may be
+    # gone by the time it is read.
+    from selenium.common.exceptions import StaleElementReferenceException
+    wait = WebDriverWait(browser, 15, ignored_exceptions=[StaleElementReferenceException])
 
     browser.get(gw.base + "/account")
     assert browser.find_element(By.ID, "signin").is_displayed()

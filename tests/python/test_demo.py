@@ -39,6 +39,9 @@ def test_demo_prints_working_curls_and_stops_cleanly_on_ctrl_c(workdir):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A test run started in the background (`./scripts/test.sh &`) inherits SIGINT ignored,
+        # and a shell cannot trap a signal ignored on entry: give the demo Ctrl-C back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     ready = threading.Event()

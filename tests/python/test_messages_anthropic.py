@@ -9,7 +9,7 @@ import urllib.request
 import anthropic
 import pytest
 
-from harness import Gateway, http_json, sse_events
+from harness import Gateway, http_json, sse_events, wait_until
 
 TOOLS = [
     {
@@ -117,7 +117,9 @@ def test_count_tokens_without_an_upstream_tokenizer_is_a_clear_501(workdir, sim)
                 model="colibri", messages=[{"role": "user", "content": "hola"}])
         assert e.value.status_code == 501
         assert e.value.response.headers["x-should-retry"] == "false"
-        assert g.metric_value("quipu_requests_total", route="count_tokens", status="501") == 1
+        # Counted once the response is written: the client may read it a moment before.
+        wait_until(lambda: g.metric_value("quipu_requests_total", route="count_tokens", status="501") == 1,
+                   5, "the 501 to be counted")
         assert e.value.body["error"]["type"] == "api_error"
         assert "no tokenizer" in e.value.body["error"]["message"]
         assert "/no-tokenizer-here" in e.value.body["error"]["message"]
