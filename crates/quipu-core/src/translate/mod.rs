@@ -16,6 +16,8 @@
 //!   prefill, stream options).
 //! - [`upstream_error`]: upstream error bodies → client errors.
 //! - [`json_scan`]: an incremental JSON syntax check for streamed tool arguments.
+//! - [`tool_calls`]: the upstream's streamed tool calls, tracked for the messages and Responses
+//!   stream translators (which call a fragment belongs to, held fragments, start order).
 //! - [`image_url`]: which image URLs may be forwarded to the upstream (SSRF guard).
 //! - [`base64`]: whether inline image data is base64 the upstream decodes.
 
@@ -26,6 +28,7 @@ pub mod json_scan;
 pub mod messages;
 pub mod responses;
 pub mod splice;
+pub mod tool_calls;
 pub mod upstream_body;
 pub mod upstream_error;
 

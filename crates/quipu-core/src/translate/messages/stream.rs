@@ -30,7 +30,9 @@
 //!    all) until the open call's arguments are complete, then started and flushed. A fragment
 //!    that arrives for a call whose block had to be closed early (by text or reasoning in
 //!    between, or at the finish) cannot be sent — blocks do not reopen — and ends the stream
-//!    with an error rather than truncating the call's input silently.
+//!    with an error rather than truncating the call's input silently. (Points 2–4: the
+//!    rules of [`tool_calls`](crate::translate::tool_calls), shared with the Responses
+//!    stream; here whitespace in the arguments passes as sent.)
 //! 5. On `finish_reason`: calls still held are started, the open block is closed and
 //!    `message_delta` is held until the usage-only chunk (`choices` empty, missing or null)
 //!    arrives, because OpenAI-style servers send usage after the finish. Then `message_delta`
@@ -48,18 +50,19 @@
 //!    written.
 //!
 //! [`on_failure`]: StreamTranslator::on_failure
+//! [`ObjectScanner`]: crate::translate::json_scan::ObjectScanner
 
 use super::response::{
-    client_tool_name, incomplete_tool_arguments, malformed_tool_arguments, minted_tool_id,
-    stop_reason, upstream_error, StopReason,
+    client_tool_name, incomplete_tool_arguments, minted_tool_id, stop_reason, upstream_error,
+    StopReason,
 };
-use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::error::{ApiError, ClientFormat};
 use crate::protocol::anthropic_out::{
     BlockDelta, BlockStart, EmptyObject, MessageDelta, MessageId, MessageKind, MessageStart, Role,
     StreamEvent, UsageOut,
 };
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
-use crate::translate::json_scan::{ObjectScanner, Scan};
+use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
 use crate::translate::{
     json_failure, malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
 };
@@ -71,38 +74,14 @@ enum Open {
     None,
     Thinking,
     Text,
-    /// A tool call, by its position in `tools`.
+    /// A tool call, by its slot in `calls`.
     Tool(usize),
 }
 
-/// Most bytes of tool arguments held back for calls waiting for their block (see the module
-/// docs). A response is at most 8192 tokens, so real interleaved calls stay far below it.
-pub const MAX_HELD_ARGUMENTS: usize = 1024 * 1024;
+pub use crate::translate::tool_calls::MAX_HELD_ARGUMENTS;
 
-/// Where a tool call's block is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CallState {
-    /// Not started: no name yet, or another call's block is open.
-    Waiting,
-    Open,
-    Closed,
-}
-
-/// One upstream tool call.
-#[derive(Debug)]
-struct ToolCall {
-    /// The upstream's `index` for it.
-    index: u32,
-    id: String,
-    /// `id` was minted by Quipu: an id the upstream sends later is not a new call.
-    minted: bool,
-    name: String,
-    state: CallState,
-    /// Argument fragments received before the block could start.
-    pending: String,
-    /// The arguments so far, checked incrementally.
-    args: ObjectScanner,
-}
+/// The error for arguments of a call whose block was closed early (module docs, 4).
+const CLOSED_EARLY: &str = "the model server sent tool-call arguments after the call's block had to be closed (interleaved with other output); the call's input would be incomplete";
 
 /// What `message_delta` will say once usage is known.
 #[derive(Debug)]
@@ -119,13 +98,10 @@ pub struct MessagesStream {
     /// Index of the open block (valid while `open != None`).
     open_index: u32,
     next_index: u32,
-    tools: Vec<ToolCall>,
-    last_tool_index: u32,
+    calls: ToolCalls,
     held: Option<Held>,
     /// An error that came with the finish, written once usage is known (module docs, 6).
     held_error: Option<ApiError>,
-    /// Bytes in the `pending` buffers of all calls.
-    held_bytes: usize,
     usage: Option<Usage>,
     /// Non-empty fragments received since the last chunk that carried usage: the fallback
     /// count of output tokens the upstream has not reported.
@@ -142,11 +118,9 @@ impl MessagesStream {
             open: Open::None,
             open_index: 0,
             next_index: 0,
-            tools: Vec::new(),
-            last_tool_index: 0,
+            calls: ToolCalls::new(Whitespace::SkipBlankLead),
             held: None,
             held_error: None,
-            held_bytes: 0,
             usage: None,
             fragments_since_usage: 0,
             end: StreamEnd::Open,
@@ -182,9 +156,7 @@ impl MessagesStream {
             return;
         }
         if let Open::Tool(slot) = self.open {
-            if let Some(t) = self.tools.get_mut(slot) {
-                t.state = CallState::Closed;
-            }
+            self.calls.close(slot);
         }
         StreamEvent::ContentBlockStop {
             index: self.open_index,
@@ -248,170 +220,62 @@ impl MessagesStream {
         );
     }
 
+    /// The slot of the call whose block is open.
+    fn open_call(&self) -> Option<usize> {
+        match self.open {
+            Open::Tool(slot) => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// Opens call `slot`'s block and writes the arguments held for it.
     fn start_tool(&mut self, slot: usize, out: &mut Vec<u8>) {
         let index = self.next_block(Open::Tool(slot), out);
-        let Some(t) = self.tools.get_mut(slot) else {
+        let request_id = &self.ctx.request_id;
+        let Some(started) = self.calls.start(slot, || minted_tool_id(request_id, slot)) else {
             return;
         };
-        if t.id.is_empty() {
-            t.id = minted_tool_id(&self.ctx.request_id, slot);
-            t.minted = true;
-        }
-        t.state = CallState::Open;
         StreamEvent::ContentBlockStart {
             index,
             content_block: BlockStart::ToolUse {
-                id: &t.id,
-                name: client_tool_name(&self.ctx.tool_name_map, &t.name),
+                id: started.id,
+                name: client_tool_name(&self.ctx.tool_name_map, started.name),
                 input: EmptyObject {},
             },
         }
         .write(out);
-        let pending = std::mem::take(&mut t.pending);
-        self.held_bytes = self.held_bytes.saturating_sub(pending.len());
+        let pending = started.pending;
         if !pending.is_empty() {
             self.input_json(&pending, out);
         }
     }
 
-    /// Whether a waiting call may start now: it has a name, and no other call's block is
-    /// open with arguments still to come.
-    fn may_start(&self, slot: usize) -> bool {
-        let named = self.tools.get(slot).is_some_and(|t| !t.name.is_empty());
-        let free = match self.open {
-            Open::Tool(s) if s != slot => self
-                .tools
-                .get(s)
-                .is_none_or(|t| t.args.status() == Scan::Complete),
-            _ => true,
-        };
-        named && free
-    }
-
-    /// Once the open call's arguments are complete, starts the calls held behind it, in order.
-    fn advance(&mut self, out: &mut Vec<u8>) {
-        while let Open::Tool(s) = self.open {
-            if self
-                .tools
-                .get(s)
-                .is_none_or(|t| t.args.status() != Scan::Complete)
-            {
-                return;
-            }
-            let next = self
-                .tools
-                .iter()
-                .position(|t| t.state == CallState::Waiting && !t.name.is_empty());
-            match next {
-                Some(w) => self.start_tool(w, out),
-                None => return,
-            }
-        }
-    }
-
     /// One entry of `delta.tool_calls`.
     fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let index = tc.index.unwrap_or(self.last_tool_index);
-        self.last_tool_index = index;
-        let id = tc.id.as_deref().filter(|s| !s.is_empty());
-        let (name, args) = match &tc.function {
-            Some(f) => (
-                f.name.as_deref().filter(|s| !s.is_empty()),
-                f.arguments.as_deref().filter(|s| !s.is_empty()),
-            ),
-            None => (None, None),
-        };
-        let known = self.tools.iter().rposition(|t| t.index == index);
-        let slot = match known {
-            Some(s)
-                if id.is_none_or(|id| {
-                    let t = &self.tools[s];
-                    t.id.is_empty() || t.minted || t.id == id
-                }) =>
-            {
-                s
-            }
-            _ => {
-                self.tools.push(ToolCall {
-                    index,
-                    id: String::new(),
-                    minted: false,
-                    name: String::new(),
-                    state: CallState::Waiting,
-                    pending: String::new(),
-                    args: ObjectScanner::new(),
-                });
-                self.tools.len() - 1
-            }
-        };
-        let Some(t) = self.tools.get_mut(slot) else {
-            return Ok(());
-        };
-        if let (true, Some(id)) = (t.id.is_empty(), id) {
-            id.clone_into(&mut t.id);
-        }
-        if let (true, Some(name)) = (t.name.is_empty(), name) {
-            name.clone_into(&mut t.name);
-        }
-        let was_complete = t.args.status() == Scan::Complete;
-        // Leading whitespace carries nothing, and a client's JSON accumulator may choke on it.
-        let args = match args {
-            Some(a) => match t.args.feed(a) {
-                Scan::Invalid => return Err(malformed_tool_arguments()),
-                Scan::Empty => None,
-                _ => Some(a),
-            },
-            None => None,
-        };
-        match t.state {
-            CallState::Waiting => {
-                if let Some(a) = args {
-                    if self.held_bytes + a.len() > MAX_HELD_ARGUMENTS {
-                        return Err(ApiError::new(
-                            ErrorKind::Upstream,
-                            "the model server interleaved parallel tool calls beyond what the gateway can hold back",
-                        ));
-                    }
-                    self.held_bytes += a.len();
-                    t.pending.push_str(a);
-                }
-                if self.may_start(slot) {
-                    self.start_tool(slot, out);
-                }
-            }
-            CallState::Open => {
-                if let Some(a) = args {
-                    self.input_json(a, out);
-                }
-            }
-            // Blocks do not reopen. Whitespace after a complete object changes nothing; any
-            // other fragment would be lost, so the stream fails loudly instead.
-            CallState::Closed => {
-                if args.is_some_and(|a| !(was_complete && a.trim_ascii().is_empty())) {
-                    return Err(ApiError::new(
-                        ErrorKind::Upstream,
-                        "the model server sent tool-call arguments after the call's block had to be closed (interleaved with other output); the call's input would be incomplete",
-                    ));
-                }
+        let mut step = self
+            .calls
+            .delta(tc)
+            .map_err(|e| e.into_api_error(CLOSED_EARLY))?;
+        while let Some(action) = step.next(&self.calls, self.open_call()) {
+            match action {
+                Action::Arguments { text, .. } => self.input_json(text, out),
+                Action::Start(slot) => self.start_tool(slot, out),
             }
         }
-        self.advance(out);
         Ok(())
     }
 
     /// Starts (and so flushes) tool calls still waiting — for a name, or for the open call to
     /// complete: the generation is over.
     fn flush_pending_tools(&mut self, out: &mut Vec<u8>) {
-        for slot in 0..self.tools.len() {
-            if self.tools[slot].state == CallState::Waiting {
-                self.start_tool(slot, out);
-            }
+        while let Some(slot) = self.calls.next_waiting() {
+            self.start_tool(slot, out);
         }
     }
 
     /// The finish chunk: hold `message_delta`, or the error the finish amounts to.
     fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
-        let had_tools = !self.tools.is_empty();
+        let had_tools = !self.calls.is_empty();
         let matched = choice.matched_stop_string();
         let stop = match stop_reason(Some(finish), matched, had_tools) {
             Ok(stop) => stop,
@@ -422,7 +286,7 @@ impl MessagesStream {
         };
         self.flush_pending_tools(out);
         self.close_block(out);
-        if self.tools.iter().any(|t| t.args.status() == Scan::Partial) {
+        if self.calls.any_partial() {
             self.held_error = Some(incomplete_tool_arguments(finish));
             return;
         }

@@ -22,7 +22,9 @@
 //!      arguments). Which fragment belongs to which call, interleaved parallel calls held back
 //!      (bounded by [`MAX_HELD_ARGUMENTS`]) until the open call's arguments are complete, and
 //!      the incremental check of the arguments ([`ObjectScanner`]): exactly as the messages
-//!      stream does it (its module docs, 2–4).
+//!      stream does it (its module docs, 2–4; both drive [`tool_calls`]), except that
+//!      whitespace around the arguments object is dropped, so `arguments` equals the
+//!      non-streaming translation's.
 //! 3. On `finish_reason`: held calls are started, the open item is closed, and the end is held
 //!    until the usage-only chunk (OpenAI-style servers send usage after the finish), then
 //!    `response.completed` — or `response.incomplete` (`length` → `max_output_tokens`, the
@@ -37,11 +39,13 @@
 //!    `error`, the items finished so far), and ends the stream. An error that comes with the
 //!    finish is held like the end, so the usage chunk after it is still metered.
 //!
-//! What is kept: the open item's text (for its `.done` events) and the finished items (for
-//! `response.completed`, which carries them all, and for storage) — the reply itself, which
-//! the protocol sends again at the end; never anything to re-read per chunk.
+//! What is kept: the open item's text or arguments (for its `.done` events) and the finished
+//! items (for `response.completed`, which carries them all, and for storage) — the reply
+//! itself, which the protocol sends again at the end; never anything to re-read per chunk.
 //!
 //! [`on_failure`]: StreamTranslator::on_failure
+//! [`ObjectScanner`]: crate::translate::json_scan::ObjectScanner
+//! [`tool_calls`]: crate::translate::tool_calls
 
 use super::object::{
     reasoning_tokens, write_call_item, write_item_id, write_message_item, write_object,
@@ -49,18 +53,20 @@ use super::object::{
 };
 use super::response::status_of;
 use super::ResponsesContext;
-use crate::error::{write_json_str, ApiError, ClientFormat, ErrorKind};
+use crate::error::{write_json_str, ApiError, ClientFormat};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
-use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
+use crate::translate::json_scan::Scan;
 use crate::translate::messages::response::{
-    incomplete_tool_arguments, malformed_tool_arguments, stop_reason, upstream_error_in, StopReason,
+    incomplete_tool_arguments, stop_reason, upstream_error_in, StopReason,
 };
+use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
 use crate::translate::{json_failure, malformed_stream, scrub_error, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
 
-/// Most bytes of tool arguments held back for calls waiting for their item (as in the
-/// messages stream: a response is at most 8192 tokens).
-pub const MAX_HELD_ARGUMENTS: usize = 1024 * 1024;
+pub use crate::translate::tool_calls::MAX_HELD_ARGUMENTS;
+
+/// The error for arguments of a call whose item was closed early.
+const CLOSED_EARLY: &str = "the model server sent tool-call arguments after the call's item had to be closed (interleaved with other output); the call's arguments would be incomplete";
 
 /// The item currently open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,32 +74,8 @@ enum Open {
     None,
     Reasoning,
     Message,
-    /// A tool call, by its position in `tools`.
+    /// A tool call, by its slot in `calls`.
     Call(usize),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CallState {
-    Waiting,
-    Open,
-    Closed,
-}
-
-/// One upstream tool call.
-#[derive(Debug)]
-struct ToolCall {
-    /// The upstream's `index` for it.
-    index: u32,
-    /// Its `call_id`: the upstream's id, or minted when its item started without one.
-    id: String,
-    minted: bool,
-    name: String,
-    state: CallState,
-    /// Fragments received before its item could start.
-    pending: String,
-    /// The arguments forwarded so far.
-    arguments: String,
-    scan: ObjectScanner,
 }
 
 /// The Responses API stream translator (see the module docs).
@@ -105,16 +87,14 @@ pub struct ResponsesStream {
     /// `output_index` of the open item.
     open_index: u32,
     next_index: u32,
-    /// The open reasoning or message item's text so far.
+    /// The open item's text so far: reasoning, message text, or a call's arguments.
     text: String,
     /// Finished items, comma-separated.
     output: Vec<u8>,
-    tools: Vec<ToolCall>,
-    last_tool_index: u32,
+    calls: ToolCalls,
     /// The finish: the status the response completes with once usage is known.
     held: Option<Status>,
     held_error: Option<ApiError>,
-    held_bytes: usize,
     usage: Option<Usage>,
     reported_reasoning: Option<u64>,
     fragments_since_usage: u64,
@@ -142,11 +122,9 @@ impl ResponsesStream {
             next_index: 0,
             text: String::new(),
             output: Vec::new(),
-            tools: Vec::new(),
-            last_tool_index: 0,
+            calls: ToolCalls::new(Whitespace::Trim),
             held: None,
             held_error: None,
-            held_bytes: 0,
             usage: None,
             reported_reasoning: None,
             fragments_since_usage: 0,
@@ -301,14 +279,13 @@ impl ResponsesStream {
                 self.text = text;
             }
             Open::Call(slot) => {
-                let Some(t) = self.tools.get_mut(slot) else {
+                let Some(call) = self.calls.close(slot) else {
                     self.open = Open::None;
                     return;
                 };
-                t.state = CallState::Closed;
-                let partial = t.scan.status() == Scan::Partial;
-                let (id, name) = (std::mem::take(&mut t.id), std::mem::take(&mut t.name));
-                let mut arguments = std::mem::take(&mut t.arguments);
+                let partial = call.status() == Scan::Partial;
+                let (id, name) = (call.id().to_owned(), call.name().to_owned());
+                let mut arguments = std::mem::take(&mut self.text);
                 if arguments.is_empty() {
                     self.arguments_delta("{}", out);
                     arguments.push_str("{}");
@@ -322,9 +299,7 @@ impl ResponsesStream {
                 self.item_done(out, |ctx, o| {
                     write_call_item(o, ctx, index, Some(&id), &name, &arguments, status)
                 });
-                if let Some(t) = self.tools.get_mut(slot) {
-                    (t.id, t.name, t.arguments) = (id, name, arguments);
-                }
+                self.text = arguments;
             }
         }
         self.open = Open::None;
@@ -393,192 +368,70 @@ impl ResponsesStream {
         frame_close(out);
     }
 
+    /// The slot of the call whose item is open.
+    fn open_call(&self) -> Option<usize> {
+        match self.open {
+            Open::Call(slot) => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// Adds call `slot`'s item and writes the arguments held for it.
     fn start_call(&mut self, slot: usize, out: &mut Vec<u8>) {
         self.add_item(Open::Call(slot), out);
         let index = self.open_index;
-        let base = self.ctx.id_base().to_owned();
-        let Some(t) = self.tools.get_mut(slot) else {
+        let base = self.ctx.id_base();
+        let Some(started) = self.calls.start(slot, || format!("call_{base}_{index}")) else {
             return;
         };
-        if t.id.is_empty() {
-            t.id = format!("call_{base}_{index}");
-            t.minted = true;
-        }
-        t.state = CallState::Open;
-        let (id, name) = (t.id.clone(), t.name.clone());
-        let pending = std::mem::take(&mut t.pending);
         write_call_item(
             out,
             &self.ctx,
             index,
-            Some(&id),
-            &name,
+            Some(started.id),
+            started.name,
             "",
             ItemStatus::InProgress,
         );
         frame_close(out);
-        self.held_bytes = self.held_bytes.saturating_sub(pending.len());
+        let pending = started.pending;
         if !pending.is_empty() {
-            self.call_fragment(slot, &pending, out);
+            self.call_fragment(&pending, out);
         }
     }
 
     /// Forwards a fragment of the open call's arguments.
-    fn call_fragment(&mut self, slot: usize, fragment: &str, out: &mut Vec<u8>) {
+    fn call_fragment(&mut self, fragment: &str, out: &mut Vec<u8>) {
         self.arguments_delta(fragment, out);
-        if let Some(t) = self.tools.get_mut(slot) {
-            t.arguments.push_str(fragment);
-        }
+        self.text.push_str(fragment);
         self.output_bytes += fragment.len();
     }
 
-    /// Whether a waiting call may start now (as in the messages stream).
-    fn may_start(&self, slot: usize) -> bool {
-        let named = self.tools.get(slot).is_some_and(|t| !t.name.is_empty());
-        let free = match self.open {
-            Open::Call(s) if s != slot => self
-                .tools
-                .get(s)
-                .is_none_or(|t| t.scan.status() == Scan::Complete),
-            _ => true,
-        };
-        named && free
-    }
-
-    /// Once the open call's arguments are complete, starts the calls held behind it.
-    fn advance(&mut self, out: &mut Vec<u8>) {
-        while let Open::Call(s) = self.open {
-            if self
-                .tools
-                .get(s)
-                .is_none_or(|t| t.scan.status() != Scan::Complete)
-            {
-                return;
-            }
-            let next = self
-                .tools
-                .iter()
-                .position(|t| t.state == CallState::Waiting && !t.name.is_empty());
-            match next {
-                Some(w) => self.start_call(w, out),
-                None => return,
-            }
-        }
-    }
-
-    /// One entry of `delta.tool_calls` (the messages stream's rules).
+    /// One entry of `delta.tool_calls`.
     fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let index = tc.index.unwrap_or(self.last_tool_index);
-        self.last_tool_index = index;
-        let id = tc.id.as_deref().filter(|s| !s.is_empty());
-        let (name, args) = match &tc.function {
-            Some(f) => (
-                f.name.as_deref().filter(|s| !s.is_empty()),
-                f.arguments.as_deref().filter(|s| !s.is_empty()),
-            ),
-            None => (None, None),
-        };
-        let known = self.tools.iter().rposition(|t| t.index == index);
-        let slot = match known {
-            Some(s)
-                if id.is_none_or(|id| {
-                    let t = &self.tools[s];
-                    t.id.is_empty() || t.minted || t.id == id
-                }) =>
-            {
-                s
-            }
-            _ => {
-                self.tools.push(ToolCall {
-                    index,
-                    id: String::new(),
-                    minted: false,
-                    name: String::new(),
-                    state: CallState::Waiting,
-                    pending: String::new(),
-                    arguments: String::new(),
-                    scan: ObjectScanner::new(),
-                });
-                self.tools.len() - 1
-            }
-        };
-        let Some(t) = self.tools.get_mut(slot) else {
-            return Ok(());
-        };
-        if let (true, Some(id)) = (t.id.is_empty(), id) {
-            id.clone_into(&mut t.id);
-        }
-        if let (true, Some(name)) = (t.name.is_empty(), name) {
-            name.clone_into(&mut t.name);
-        }
-        let was_complete = t.scan.status() == Scan::Complete;
-        let was_empty = t.scan.status() == Scan::Empty;
-        let args = match args {
-            Some(a) => match t.scan.feed(a) {
-                Scan::Invalid => return Err(malformed_tool_arguments()),
-                Scan::Empty => None,
-                // Whitespace around the object is dropped, as the non-streaming translation
-                // drops it (`response::shown_arguments`), so both give the same `arguments`:
-                // before the first fragment with content, and after the one that completes
-                // the object (nothing but whitespace may follow it).
-                Scan::Complete if was_complete => None,
-                Scan::Complete => Some(
-                    match was_empty {
-                        true => a.trim_start_matches(JSON_WS),
-                        false => a,
-                    }
-                    .trim_end_matches(JSON_WS),
-                ),
-                _ if was_empty => Some(a.trim_start_matches(JSON_WS)),
-                _ => Some(a),
-            },
-            None => None,
-        };
-        match t.state {
-            CallState::Waiting => {
-                if let Some(a) = args {
-                    if self.held_bytes + a.len() > MAX_HELD_ARGUMENTS {
-                        return Err(ApiError::new(
-                            ErrorKind::Upstream,
-                            "the model server interleaved parallel tool calls beyond what the gateway can hold back",
-                        ));
-                    }
-                    self.held_bytes += a.len();
-                    t.pending.push_str(a);
-                }
-                if self.may_start(slot) {
-                    self.start_call(slot, out);
-                }
-            }
-            CallState::Open => {
-                if let Some(a) = args {
-                    self.call_fragment(slot, a, out);
-                }
-            }
-            CallState::Closed => {
-                if args.is_some_and(|a| !(was_complete && a.trim_ascii().is_empty())) {
-                    return Err(ApiError::new(
-                        ErrorKind::Upstream,
-                        "the model server sent tool-call arguments after the call's item had to be closed (interleaved with other output); the call's arguments would be incomplete",
-                    ));
-                }
+        let mut step = self
+            .calls
+            .delta(tc)
+            .map_err(|e| e.into_api_error(CLOSED_EARLY))?;
+        while let Some(action) = step.next(&self.calls, self.open_call()) {
+            match action {
+                Action::Arguments { text, .. } => self.call_fragment(text, out),
+                Action::Start(slot) => self.start_call(slot, out),
             }
         }
-        self.advance(out);
         Ok(())
     }
 
+    /// Starts the calls still waiting: the generation is over.
     fn flush_pending_calls(&mut self, out: &mut Vec<u8>) {
-        for slot in 0..self.tools.len() {
-            if self.tools[slot].state == CallState::Waiting {
-                self.start_call(slot, out);
-            }
+        while let Some(slot) = self.calls.next_waiting() {
+            self.start_call(slot, out);
         }
     }
 
     /// The finish chunk: close the items and hold the end (or the error the finish is).
     fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
-        let had_tools = !self.tools.is_empty();
+        let had_tools = !self.calls.is_empty();
         let stop = match stop_reason(Some(finish), choice.matched_stop_string(), had_tools) {
             Ok(stop) => stop,
             Err(e) => {
@@ -586,8 +439,7 @@ impl ResponsesStream {
                 return;
             }
         };
-        let partial = || self.tools.iter().any(|t| t.scan.status() == Scan::Partial);
-        if partial() && stop != StopReason::MaxTokens {
+        if self.calls.any_partial() && stop != StopReason::MaxTokens {
             self.held_error = Some(incomplete_tool_arguments(finish));
             return;
         }
