@@ -18,39 +18,29 @@
 //! (0600), and so are the `-wal` and `-shm` files SQLite makes beside it: they hold every
 //! balance, the ledger and the keys' hashes. An existing file is left as it is.
 //!
-//! Money follows `sql_money`: ledger deltas are INTEGER pico-soles; balances and leases are
-//! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
-//! sums use split halves so they can neither overflow nor become floats.
-//!
+//! This file opens the database and runs the [`Store`] calls on it; each call's body lives
+//! with its concern: `tenants`, `keys` (API keys), `balances` (money held: top-ups, balances,
+//! leases), `ledger` (request rows, rejects, statements), `replicas` (shared rate windows).
 //! The account API's reads, and the roll-ups `record` keeps for them, are in `usage`.
 
-use super::columns::{names, sqlite_placeholders, LEDGER_COLUMNS, REJECT_COLUMNS};
-use super::rows::{
-    check_row, conflict_if_unique, limits_from_sql, limits_to_sql, period_bounds, rejected,
-    replayed_top_up, secret_hash, tenant_missing, top_up_entry, DbError, EarlierTopUp,
-    RawLedgerRow, Taken,
-};
-use super::sql_money::{
-    i128_to_u64, i64_to_u64, pen_from_text, pen_to_text, recombine, sqlite_split_sum,
-};
-use super::usage::{rollup, RollupRow};
+use super::rows::{check_row, rejected, top_up_entry, DbError};
 use super::{
-    check_quota_asks, now_ms, responses, schema, ActiveKey, Balance, KeyInfo, KeyLimits, LeaseAsk,
-    LeaseGrant, LedgerRow, ModelTotals, NewKey, QuotaAsk, QuotaGrant, RejectedRow, Statement,
-    Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUp,
-    TopUpOutcome, UnixMs,
+    check_quota_asks, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant,
+    LedgerRow, NewKey, QuotaAsk, QuotaGrant, RejectedRow, Statement, Store, StoreError,
+    StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUpOutcome, UnixMs,
 };
 use crate::money::Pen;
-use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
 use async_trait::async_trait;
-use quipu_core::billing::lease::lease_grant;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
-use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+mod balances;
+mod keys;
+mod ledger;
 mod replicas;
+mod tenants;
 pub mod usage;
 
 /// How long a writer waits for another process's write transaction before giving up.
@@ -235,85 +225,6 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
     tx.commit().map_err(sql_err)
 }
 
-fn bump_keys_version(tx: &Transaction<'_>) -> StoreResult<()> {
-    tx.execute(
-        "UPDATE meta SET value = value + 1 WHERE key = 'keys_version'",
-        [],
-    )
-    .map_err(sql_err)?;
-    Ok(())
-}
-
-/// The tenant's balance, or `NotFound`.
-fn read_balance(tx: &Transaction<'_>, tenant: TenantId) -> StoreResult<Pen> {
-    let text: Option<String> = tx
-        .prepare_cached("SELECT balance FROM tenants WHERE id = ?1")
-        .and_then(|mut s| s.query_row(params![tenant], |r| r.get(0)).optional())
-        .map_err(sql_err)?;
-    match text {
-        Some(t) => pen_from_text(&t, "tenants.balance"),
-        None => Err(tenant_missing(tenant)),
-    }
-}
-
-fn write_balance(tx: &Transaction<'_>, tenant: TenantId, balance: Pen) -> StoreResult<()> {
-    tx.prepare_cached("UPDATE tenants SET balance = ?2 WHERE id = ?1")
-        .and_then(|mut s| s.execute(params![tenant, pen_to_text(balance)]))
-        .map_err(sql_err)?;
-    Ok(())
-}
-
-/// Every lease on the tenant: replica → amount.
-fn read_leases(tx: &Transaction<'_>, tenant: TenantId) -> StoreResult<Vec<(String, Pen)>> {
-    let mut stmt = tx
-        .prepare_cached("SELECT replica, amount FROM leases WHERE tenant_id = ?1")
-        .map_err(sql_err)?;
-    let rows = stmt
-        .query_map(params![tenant], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-        })
-        .map_err(sql_err)?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (replica, amount) = row.map_err(sql_err)?;
-        out.push((replica, pen_from_text(&amount, "leases.amount")?));
-    }
-    Ok(out)
-}
-
-fn write_lease(
-    tx: &Transaction<'_>,
-    tenant: TenantId,
-    replica: &str,
-    amount: Pen,
-    heartbeat: Option<UnixMs>,
-) -> StoreResult<()> {
-    let r = match heartbeat {
-        Some(at) => tx
-            .prepare_cached(
-                "INSERT INTO leases (tenant_id, replica, amount, heartbeat_at)
-                 VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (tenant_id, replica)
-                 DO UPDATE SET amount = excluded.amount, heartbeat_at = excluded.heartbeat_at",
-            )
-            .and_then(|mut s| s.execute(params![tenant, replica, pen_to_text(amount), at])),
-        None => tx
-            .prepare_cached("UPDATE leases SET amount = ?3 WHERE tenant_id = ?1 AND replica = ?2")
-            .and_then(|mut s| s.execute(params![tenant, replica, pen_to_text(amount)])),
-    };
-    r.map_err(sql_err)?;
-    Ok(())
-}
-
-/// A request row, as `record` inserts it (see `columns`).
-static INSERT_LEDGER_ROW: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO ledger (kind, {}) VALUES ('request', {}) ON CONFLICT (entry_id) DO NOTHING",
-        names(LEDGER_COLUMNS),
-        sqlite_placeholders(LEDGER_COLUMNS)
-    )
-});
-
 #[async_trait]
 impl Store for SqliteStore {
     fn kind(&self) -> &'static str {
@@ -322,271 +233,39 @@ impl Store for SqliteStore {
 
     async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
         let name = name.to_owned();
-        self.run(move |conn| {
-            let now = now_ms();
-            let tx = write_tx(conn)?;
-            tx.execute(
-                "INSERT INTO tenants (name, created_at, balance) VALUES (?1, ?2, '0')",
-                params![name, now],
-            )
-            .map_err(conflict_if_unique(Taken::TenantName(&name)))?;
-            let id = tx.last_insert_rowid();
-            bump_keys_version(&tx)?;
-            tx.commit().map_err(sql_err)?;
-            Ok(Tenant {
-                id,
-                name,
-                created_at: now,
-            })
-        })
-        .await
+        self.run(move |conn| tenants::create_tenant(conn, name))
+            .await
     }
 
     async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>> {
         let name = name.to_owned();
-        self.run(move |conn| {
-            conn.query_row(
-                "SELECT id, name, created_at FROM tenants WHERE name = ?1",
-                params![name],
-                |r| {
-                    Ok(Tenant {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        created_at: r.get(2)?,
-                    })
-                },
-            )
-            .optional()
-            .map_err(sql_err)
-        })
-        .await
+        self.run(move |conn| tenants::tenant_by_name(conn, name))
+            .await
     }
 
     async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
-        self.run(move |conn| {
-            let tx = read_tx(conn)?;
-            let mut leased: HashMap<TenantId, Pen> = HashMap::new();
-            {
-                let mut stmt = tx
-                    .prepare("SELECT tenant_id, amount FROM leases")
-                    .map_err(sql_err)?;
-                let rows = stmt
-                    .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
-                    .map_err(sql_err)?;
-                for row in rows {
-                    let (tenant, amount) = row.map_err(sql_err)?;
-                    *leased.entry(tenant).or_default() += pen_from_text(&amount, "leases.amount")?;
-                }
-            }
-            let mut stmt = tx
-                .prepare(
-                    "SELECT t.id, t.name, t.created_at, t.balance,
-                            (SELECT COUNT(*) FROM api_keys k
-                              WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)
-                       FROM tenants t ORDER BY t.name",
-                )
-                .map_err(sql_err)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        Tenant {
-                            id: r.get(0)?,
-                            name: r.get(1)?,
-                            created_at: r.get(2)?,
-                        },
-                        r.get::<_, String>(3)?,
-                        r.get::<_, i64>(4)?,
-                    ))
-                })
-                .map_err(sql_err)?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (tenant, balance, keys) = row.map_err(sql_err)?;
-                out.push(TenantSummary {
-                    balance: pen_from_text(&balance, "tenants.balance")?,
-                    leased: leased.get(&tenant.id).copied().unwrap_or_default(),
-                    active_keys: i64_to_u64(keys, "active key count")?,
-                    tenant,
-                });
-            }
-            Ok(out)
-        })
-        .await
+        self.run(tenants::list_tenants).await
     }
 
     async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo> {
-        self.run(move |conn| {
-            let now = now_ms();
-            let (rpm, tpm) = limits_to_sql(key.limits)?;
-            let tx = write_tx(conn)?;
-            let tenant_name: String = tx
-                .query_row(
-                    "SELECT name FROM tenants WHERE id = ?1",
-                    params![key.tenant],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(sql_err)?
-                .ok_or_else(|| tenant_missing(key.tenant))?;
-            tx.execute(
-                "INSERT INTO api_keys (id, tenant_id, label, secret_sha256, secret_prefix,
-                                       created_at, revoked_at, rpm_limit, tpm_limit)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, ?7, ?8)",
-                params![
-                    key.id,
-                    key.tenant,
-                    key.label,
-                    &key.secret_hash[..],
-                    key.secret_prefix,
-                    now,
-                    rpm,
-                    tpm
-                ],
-            )
-            .map_err(conflict_if_unique(Taken::Key(&key.id)))?;
-            bump_keys_version(&tx)?;
-            tx.commit().map_err(sql_err)?;
-            Ok(KeyInfo {
-                id: key.id,
-                tenant_id: key.tenant,
-                tenant_name,
-                label: key.label,
-                secret_prefix: key.secret_prefix,
-                created_at: now,
-                revoked_at: None,
-                limits: key.limits,
-            })
-        })
-        .await
+        self.run(move |conn| keys::create_key(conn, key)).await
     }
 
     async fn revoke_key(&self, key_id: &str) -> StoreResult<bool> {
         let key_id = key_id.to_owned();
-        self.run(move |conn| {
-            let tx = write_tx(conn)?;
-            let revoked: Option<Option<i64>> = tx
-                .query_row(
-                    "SELECT revoked_at FROM api_keys WHERE id = ?1",
-                    params![key_id],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(sql_err)?;
-            match revoked {
-                None => Err(StoreError::NotFound(format!("key {key_id} does not exist"))),
-                Some(Some(_)) => Ok(false),
-                Some(None) => {
-                    tx.execute(
-                        "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
-                        params![key_id, now_ms()],
-                    )
-                    .map_err(sql_err)?;
-                    bump_keys_version(&tx)?;
-                    tx.commit().map_err(sql_err)?;
-                    Ok(true)
-                }
-            }
-        })
-        .await
+        self.run(move |conn| keys::revoke_key(conn, key_id)).await
     }
 
     async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
-        self.run(move |conn| {
-            let tx = read_tx(conn)?;
-            if let Some(t) = tenant {
-                read_balance(&tx, t)?;
-            }
-            let mut stmt = tx
-                .prepare(
-                    "SELECT k.id, k.tenant_id, t.name, k.label, k.secret_prefix, k.created_at,
-                            k.revoked_at, k.rpm_limit, k.tpm_limit
-                       FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
-                      WHERE ?1 IS NULL OR k.tenant_id = ?1
-                      ORDER BY k.created_at, k.id",
-                )
-                .map_err(sql_err)?;
-            let rows = stmt
-                .query_map(params![tenant], |r| {
-                    Ok((
-                        KeyInfo {
-                            id: r.get(0)?,
-                            tenant_id: r.get(1)?,
-                            tenant_name: r.get(2)?,
-                            label: r.get(3)?,
-                            secret_prefix: r.get(4)?,
-                            created_at: r.get(5)?,
-                            revoked_at: r.get(6)?,
-                            limits: KeyLimits::default(),
-                        },
-                        r.get::<_, Option<i64>>(7)?,
-                        r.get::<_, Option<i64>>(8)?,
-                    ))
-                })
-                .map_err(sql_err)?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (mut info, rpm, tpm) = row.map_err(sql_err)?;
-                info.limits = limits_from_sql(rpm, tpm)?;
-                out.push(info);
-            }
-            Ok(out)
-        })
-        .await
+        self.run(move |conn| keys::list_keys(conn, tenant)).await
     }
 
     async fn keys_version(&self) -> StoreResult<i64> {
-        self.run(move |conn| {
-            conn.prepare_cached("SELECT value FROM meta WHERE key = 'keys_version'")
-                .and_then(|mut s| s.query_row([], |r| r.get(0)))
-                .map_err(sql_err)
-        })
-        .await
+        self.run(keys::keys_version).await
     }
 
     async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
-        self.run(move |conn| {
-            let tx = read_tx(conn)?;
-            let version: i64 = tx
-                .query_row(
-                    "SELECT value FROM meta WHERE key = 'keys_version'",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(sql_err)?;
-            let mut stmt = tx
-                .prepare(
-                    "SELECT k.secret_sha256, k.id, k.tenant_id, t.name, k.rpm_limit, k.tpm_limit
-                       FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
-                      WHERE k.revoked_at IS NULL
-                      ORDER BY k.id",
-                )
-                .map_err(sql_err)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, Vec<u8>>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, Option<i64>>(4)?,
-                        r.get::<_, Option<i64>>(5)?,
-                    ))
-                })
-                .map_err(sql_err)?;
-            let mut keys = Vec::new();
-            for row in rows {
-                let (hash, key_id, tenant_id, tenant_name, rpm, tpm) = row.map_err(sql_err)?;
-                keys.push(ActiveKey {
-                    secret_hash: secret_hash(&hash)?,
-                    key_id,
-                    tenant_id,
-                    tenant_name,
-                    limits: limits_from_sql(rpm, tpm)?,
-                });
-            }
-            Ok((version, keys))
-        })
-        .await
+        self.run(keys::active_keys).await
     }
 
     async fn top_up_once(
@@ -598,59 +277,12 @@ impl Store for SqliteStore {
     ) -> StoreResult<TopUpOutcome> {
         let (delta, id) = top_up_entry(amount, idempotency_key)?;
         let note = note.to_owned();
-        self.run(move |conn| {
-            let now = now_ms();
-            let tx = write_tx(conn)?;
-            let balance = read_balance(&tx, tenant)?;
-            let earlier = tx
-                .query_row(
-                    "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = ?1",
-                    params![id],
-                    |r| {
-                        Ok(EarlierTopUp {
-                            tenant_id: r.get(0)?,
-                            delta: r.get(1)?,
-                            at: r.get(2)?,
-                            note: r.get(3)?,
-                        })
-                    },
-                )
-                .optional()
-                .map_err(sql_err)?;
-            if let Some(earlier) = earlier {
-                return replayed_top_up(id, tenant, amount, delta, earlier, balance);
-            }
-            tx.execute(
-                "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
-                 VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
-                params![id, tenant, now, delta, note],
-            )
-            .map_err(sql_err)?;
-            write_balance(&tx, tenant, balance + amount)?;
-            tx.commit().map_err(sql_err)?;
-            Ok(TopUpOutcome {
-                top_up: TopUp {
-                    id,
-                    tenant_id: tenant,
-                    amount,
-                    at: now,
-                    note,
-                },
-                balance: balance + amount,
-                replayed: false,
-            })
-        })
-        .await
+        self.run(move |conn| balances::top_up_once(conn, tenant, amount, delta, id, note))
+            .await
     }
 
     async fn balance(&self, tenant: TenantId) -> StoreResult<Balance> {
-        self.run(move |conn| {
-            let tx = read_tx(conn)?;
-            let balance = read_balance(&tx, tenant)?;
-            let leased = read_leases(&tx, tenant)?.into_iter().map(|l| l.1).sum();
-            Ok(Balance { balance, leased })
-        })
-        .await
+        self.run(move |conn| balances::balance(conn, tenant)).await
     }
 
     async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<u64> {
@@ -662,63 +294,8 @@ impl Store for SqliteStore {
             .map(check_row)
             .collect::<StoreResult<Vec<_>>>()?;
         let replica = replica.to_owned();
-        self.run(move |conn| {
-            let tx = write_tx(conn)?;
-            // Per tenant: its balance before, and what the new rows charge.
-            let mut tenants: BTreeMap<TenantId, (Pen, Pen)> = BTreeMap::new();
-            for row in &rows {
-                if let std::collections::btree_map::Entry::Vacant(slot) =
-                    tenants.entry(row.tenant_id)
-                {
-                    slot.insert((read_balance(&tx, row.tenant_id)?, Pen::ZERO));
-                }
-            }
-            let mut inserted = 0u64;
-            let mut new_rows = Vec::with_capacity(rows.len());
-            {
-                let mut stmt = tx.prepare_cached(&INSERT_LEDGER_ROW).map_err(sql_err)?;
-                // A batch holds a write transaction for milliseconds of CPU on a thread that
-                // may share a core with the workers: let requests through (see `threads`).
-                let yields = ledger_yields();
-                for (i, row) in rows.iter().enumerate() {
-                    if yields && i % ROWS_PER_YIELD == ROWS_PER_YIELD - 1 {
-                        let_requests_run();
-                    }
-                    let n = stmt
-                        .execute(row.sqlite_params().as_slice())
-                        .map_err(sql_err)?;
-                    if n == 1 {
-                        inserted += 1;
-                        new_rows.push(RollupRow::from(row));
-                        if let Some(t) = tenants.get_mut(&row.tenant_id) {
-                            t.1 += row.charge();
-                        }
-                    }
-                }
-            }
-            usage::add_rollup(&tx, &rollup(new_rows))?;
-            for (tenant, (balance, charged)) in &tenants {
-                if *charged == Pen::ZERO {
-                    continue;
-                }
-                write_balance(&tx, *tenant, *balance - *charged)?;
-                let own = read_leases(&tx, *tenant)?
-                    .into_iter()
-                    .find(|l| l.0 == replica);
-                if let Some((_, lease)) = own {
-                    write_lease(
-                        &tx,
-                        *tenant,
-                        &replica,
-                        (lease - *charged).max(Pen::ZERO),
-                        None,
-                    )?;
-                }
-            }
-            tx.commit().map_err(sql_err)?;
-            Ok(inserted)
-        })
-        .await
+        self.run(move |conn| ledger::record(conn, replica, rows))
+            .await
     }
 
     async fn grant_lease(
@@ -728,26 +305,8 @@ impl Store for SqliteStore {
         ask: LeaseAsk,
     ) -> StoreResult<LeaseGrant> {
         let replica = replica.to_owned();
-        self.run(move |conn| {
-            let now = now_ms();
-            let tx = write_tx(conn)?;
-            let balance = read_balance(&tx, tenant)?;
-            let leases = read_leases(&tx, tenant)?;
-            let leased: Pen = leases.iter().map(|l| l.1).sum();
-            let own = leases.iter().find(|l| l.0 == replica).map(|l| l.1);
-            let grant = lease_grant(ask.need, ask.want, balance - leased);
-            let current = own.unwrap_or_default();
-            if grant > Pen::ZERO || own.is_some() {
-                write_lease(&tx, tenant, &replica, current + grant, Some(now))?;
-            }
-            tx.commit().map_err(sql_err)?;
-            Ok(LeaseGrant {
-                granted: grant,
-                held: current + grant,
-                elsewhere: leased - current,
-            })
-        })
-        .await
+        self.run(move |conn| balances::grant_lease(conn, replica, tenant, ask))
+            .await
     }
 
     async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()> {
@@ -755,103 +314,34 @@ impl Store for SqliteStore {
             return Ok(());
         }
         let replica = replica.to_owned();
-        self.run(move |conn| {
-            let tx = write_tx(conn)?;
-            let own = read_leases(&tx, tenant)?
-                .into_iter()
-                .find(|l| l.0 == replica);
-            if let Some((_, lease)) = own {
-                write_lease(&tx, tenant, &replica, (lease - amount).max(Pen::ZERO), None)?;
-            }
-            tx.commit().map_err(sql_err)
-        })
-        .await
+        self.run(move |conn| balances::release_lease(conn, replica, tenant, amount))
+            .await
     }
 
     async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, Pen)>> {
         let replica = replica.to_owned();
-        self.run(move |conn| {
-            let tx = write_tx(conn)?;
-            tx.prepare_cached("UPDATE leases SET heartbeat_at = ?2 WHERE replica = ?1")
-                .and_then(|mut s| s.execute(params![replica, now_ms()]))
-                .map_err(sql_err)?;
-            let mut out = Vec::new();
-            {
-                let mut stmt = tx
-                    .prepare_cached("SELECT tenant_id, amount FROM leases WHERE replica = ?1")
-                    .map_err(sql_err)?;
-                let rows = stmt
-                    .query_map(params![replica], |r| {
-                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-                    })
-                    .map_err(sql_err)?;
-                for row in rows {
-                    let (tenant, amount) = row.map_err(sql_err)?;
-                    out.push((tenant, pen_from_text(&amount, "leases.amount")?));
-                }
-            }
-            tx.commit().map_err(sql_err)?;
-            Ok(out)
-        })
-        .await
+        self.run(move |conn| balances::heartbeat(conn, replica))
+            .await
     }
 
     async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
         let rejected = rejected(row, reason);
-        self.run(move |conn| {
-            conn.execute(
-                &format!(
-                    "INSERT INTO ledger_rejects ({}) VALUES ({})
-                     ON CONFLICT (request_id) DO NOTHING",
-                    names(REJECT_COLUMNS),
-                    sqlite_placeholders(REJECT_COLUMNS)
-                ),
-                rejected.sqlite_params().as_slice(),
-            )
-            .map_err(sql_err)?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| ledger::reject(conn, rejected)).await
     }
 
     async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
-        self.run(move |conn| {
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {} FROM ledger_rejects ORDER BY rejected_at, request_id",
-                    names(REJECT_COLUMNS)
-                ))
-                .map_err(sql_err)?;
-            let rows = stmt
-                .query_map([], RejectedRow::from_sqlite)
-                .map_err(sql_err)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(sql_err)
-        })
-        .await
+        self.run(ledger::rejected_rows).await
     }
 
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
-        self.run(move |conn| {
-            let cutoff = now_ms().saturating_sub(max_age_ms);
-            let n = conn
-                .execute(
-                    "DELETE FROM leases WHERE heartbeat_at < ?1",
-                    params![cutoff],
-                )
-                .map_err(sql_err)?;
-            Ok(n as u64)
-        })
-        .await
+        self.run(move |conn| balances::reclaim_stale_leases(conn, max_age_ms))
+            .await
     }
 
     async fn drop_leases(&self, replica: &str) -> StoreResult<()> {
         let replica = replica.to_owned();
-        self.run(move |conn| {
-            conn.execute("DELETE FROM leases WHERE replica = ?1", params![replica])
-                .map_err(sql_err)?;
-            Ok(())
-        })
-        .await
+        self.run(move |conn| balances::drop_leases(conn, replica))
+            .await
     }
 
     async fn statement(
@@ -860,124 +350,13 @@ impl Store for SqliteStore {
         from: Option<UnixMs>,
         to: Option<UnixMs>,
     ) -> StoreResult<Statement> {
-        self.run(move |conn| {
-            let (lo, hi) = period_bounds(from, to);
-            let tx = read_tx(conn)?;
-            let (t, balance): (Tenant, String) = tx
-                .query_row(
-                    "SELECT id, name, created_at, balance FROM tenants WHERE id = ?1",
-                    params![tenant],
-                    |r| {
-                        Ok((
-                            Tenant {
-                                id: r.get(0)?,
-                                name: r.get(1)?,
-                                created_at: r.get(2)?,
-                            },
-                            r.get(3)?,
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(sql_err)?
-                .ok_or_else(|| tenant_missing(tenant))?;
-            let mut per_model = Vec::new();
-            {
-                let mut stmt = tx
-                    .prepare(concat!(
-                        "SELECT model, COUNT(*), ",
-                        sqlite_split_sum!("input_tokens"),
-                        ", ",
-                        sqlite_split_sum!("cached_tokens"),
-                        ", ",
-                        sqlite_split_sum!("output_tokens"),
-                        ", ",
-                        sqlite_split_sum!("-delta"),
-                        " FROM ledger
-                          WHERE tenant_id = ?1 AND kind = 'request' AND at >= ?2 AND at < ?3
-                          GROUP BY model ORDER BY model"
-                    ))
-                    .map_err(sql_err)?;
-                let rows = stmt
-                    .query_map(params![tenant, lo, hi], |r| {
-                        let mut v = [0i64; 9];
-                        for (i, slot) in v.iter_mut().enumerate() {
-                            *slot = r.get(i + 1)?;
-                        }
-                        Ok((r.get::<_, Option<String>>(0)?.unwrap_or_default(), v))
-                    })
-                    .map_err(sql_err)?;
-                for row in rows {
-                    let (model, v) = row.map_err(sql_err)?;
-                    let count = |hi: i64, lo: i64, what: &str| i128_to_u64(recombine(hi, lo), what);
-                    per_model.push(ModelTotals {
-                        model,
-                        requests: i64_to_u64(v[0], "request count")?,
-                        input_tokens: count(v[1], v[2], "input tokens")?,
-                        cached_tokens: count(v[3], v[4], "cached tokens")?,
-                        output_tokens: count(v[5], v[6], "output tokens")?,
-                        charge: Pen::from_picos(recombine(v[7], v[8])),
-                    });
-                }
-            }
-            let mut top_ups = Vec::new();
-            {
-                let mut stmt = tx
-                    .prepare(
-                        "SELECT entry_id, at, delta, note FROM ledger
-                          WHERE tenant_id = ?1 AND kind = 'topup' AND at >= ?2 AND at < ?3
-                          ORDER BY at, entry_id",
-                    )
-                    .map_err(sql_err)?;
-                let rows = stmt
-                    .query_map(params![tenant, lo, hi], |r| {
-                        Ok(TopUp {
-                            id: r.get(0)?,
-                            tenant_id: tenant,
-                            at: r.get(1)?,
-                            amount: Pen::from_picos(i128::from(r.get::<_, i64>(2)?)),
-                            note: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-                        })
-                    })
-                    .map_err(sql_err)?;
-                for row in rows {
-                    top_ups.push(row.map_err(sql_err)?);
-                }
-            }
-            Ok(Statement {
-                total_charges: per_model.iter().map(|m| m.charge).sum(),
-                total_top_ups: top_ups.iter().map(|t| t.amount).sum(),
-                balance: pen_from_text(&balance, "tenants.balance")?,
-                tenant: t,
-                from,
-                to,
-                per_model,
-                top_ups,
-            })
-        })
-        .await
+        self.run(move |conn| ledger::statement(conn, tenant, from, to))
+            .await
     }
 
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
-        self.run(move |conn| {
-            let mut stmt = conn
-                .prepare(&format!(
-                    "SELECT {} FROM ledger
-                      WHERE kind = 'request' AND (?1 IS NULL OR tenant_id = ?1)
-                      ORDER BY at, entry_id",
-                    names(LEDGER_COLUMNS)
-                ))
-                .map_err(sql_err)?;
-            let rows = stmt
-                .query_map(params![tenant], RawLedgerRow::from_sqlite)
-                .map_err(sql_err)?;
-            let mut out = Vec::new();
-            for row in rows {
-                out.push(row.map_err(sql_err)?.into_row()?);
-            }
-            Ok(out)
-        })
-        .await
+        self.run(move |conn| ledger::ledger_rows(conn, tenant))
+            .await
     }
 
     async fn put_responses(&self, rows: &[StoredResponse]) -> StoreResult<u64> {

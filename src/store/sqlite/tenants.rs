@@ -1,0 +1,95 @@
+//! Tenants on SQLite: creating one, finding one by name, and the list with each tenant's
+//! balance, leased amount and active keys. A new tenant bumps `keys_version` (see `keys`):
+//! the gateway's key table carries tenant names.
+
+use super::keys::bump_keys_version;
+use super::{read_tx, sql_err, write_tx};
+use crate::money::Pen;
+use crate::store::rows::{conflict_if_unique, Taken};
+use crate::store::sql_money::{i64_to_u64, pen_from_text};
+use crate::store::{now_ms, StoreResult, Tenant, TenantId, TenantSummary};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::HashMap;
+
+pub(super) fn create_tenant(conn: &mut Connection, name: String) -> StoreResult<Tenant> {
+    let now = now_ms();
+    let tx = write_tx(conn)?;
+    tx.execute(
+        "INSERT INTO tenants (name, created_at, balance) VALUES (?1, ?2, '0')",
+        params![name, now],
+    )
+    .map_err(conflict_if_unique(Taken::TenantName(&name)))?;
+    let id = tx.last_insert_rowid();
+    bump_keys_version(&tx)?;
+    tx.commit().map_err(sql_err)?;
+    Ok(Tenant {
+        id,
+        name,
+        created_at: now,
+    })
+}
+
+pub(super) fn tenant_by_name(conn: &mut Connection, name: String) -> StoreResult<Option<Tenant>> {
+    conn.query_row(
+        "SELECT id, name, created_at FROM tenants WHERE name = ?1",
+        params![name],
+        |r| {
+            Ok(Tenant {
+                id: r.get(0)?,
+                name: r.get(1)?,
+                created_at: r.get(2)?,
+            })
+        },
+    )
+    .optional()
+    .map_err(sql_err)
+}
+
+pub(super) fn list_tenants(conn: &mut Connection) -> StoreResult<Vec<TenantSummary>> {
+    let tx = read_tx(conn)?;
+    let mut leased: HashMap<TenantId, Pen> = HashMap::new();
+    {
+        let mut stmt = tx
+            .prepare("SELECT tenant_id, amount FROM leases")
+            .map_err(sql_err)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql_err)?;
+        for row in rows {
+            let (tenant, amount) = row.map_err(sql_err)?;
+            *leased.entry(tenant).or_default() += pen_from_text(&amount, "leases.amount")?;
+        }
+    }
+    let mut stmt = tx
+        .prepare(
+            "SELECT t.id, t.name, t.created_at, t.balance,
+                            (SELECT COUNT(*) FROM api_keys k
+                              WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)
+                       FROM tenants t ORDER BY t.name",
+        )
+        .map_err(sql_err)?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                Tenant {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    created_at: r.get(2)?,
+                },
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        })
+        .map_err(sql_err)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (tenant, balance, keys) = row.map_err(sql_err)?;
+        out.push(TenantSummary {
+            balance: pen_from_text(&balance, "tenants.balance")?,
+            leased: leased.get(&tenant.id).copied().unwrap_or_default(),
+            active_keys: i64_to_u64(keys, "active key count")?,
+            tenant,
+        });
+    }
+    Ok(out)
+}
