@@ -18,7 +18,9 @@
 # /usr/lib/postgresql/*/bin, else pg_config/PATH.
 set -euo pipefail
 
-state_file="${TMPDIR:-/tmp}/quipu-pg-test.current"
+# One state file per checkout, so two checkouts' test runs never stop each other's server.
+checkout="$(cd "$(dirname "$0")/.." && pwd)"
+state_file="${TMPDIR:-/tmp}/quipu-pg-test.$(printf '%s' "$checkout" | cksum | cut -d' ' -f1).current"
 
 die() { echo "pg-test.sh: $*" >&2; exit 1; }
 
