@@ -173,9 +173,9 @@ async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<
                 }
             }
         }
-        let rows: Vec<StoredResponse> = batch.iter().map(|r| StoredResponse::clone(r)).collect();
-        let bytes: u64 = rows.iter().map(StoredResponse::size).sum();
-        if let Err(e) = this.store.put_responses(&rows).await {
+        let rows = &batch;
+        let bytes: u64 = rows.iter().map(|r| r.size()).sum();
+        if let Err(e) = this.store.put_responses(rows).await {
             log::error!("{} stored responses not written: {e}", rows.len());
         }
         let deleted: Vec<(TenantId, String)> = {
