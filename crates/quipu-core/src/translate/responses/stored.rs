@@ -19,7 +19,7 @@ use crate::error::{write_json_str, ApiError};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
-use std::collections::btree_map::{BTreeMap, Entry};
+use std::collections::BTreeMap;
 
 /// Gives the items from `new_from` on their stored shape (see the module docs); `base` is the
 /// response's hex id. The earlier items are copied as they are. A new item's fields are read
@@ -58,17 +58,25 @@ fn as_str<'a>(raw: Option<&&'a RawValue>) -> Option<Cow<'a, str>> {
 
 /// One new item in the API's shape: `type`, an `id`, a `status`, a message's content as parts.
 fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_json::Result<()> {
-    let message: Box<RawValue>;
-    let id: Box<RawValue>;
-    let completed: Box<RawValue>;
-    let parts: Box<RawValue>;
-    let mut map: BTreeMap<Key<'_>, &RawValue> = serde_json::from_str(raw.get())?;
+    let map: BTreeMap<Key<'_>, &RawValue> = serde_json::from_str(raw.get())?;
     let key = |k: &'static str| Key(Cow::Borrowed(k));
+    // The fields as JSON text, in key order, with what is added or replaced.
+    let mut fields: Vec<(Cow<'_, str>, Cow<'_, str>)> = Vec::with_capacity(map.len() + 3);
+    let set =
+        |fields: &mut Vec<(Cow<'_, str>, Cow<'_, str>)>, k: &'static str, v: String| match fields
+            .binary_search_by(|(f, _)| f.as_ref().cmp(k))
+        {
+            Ok(at) => fields[at].1 = Cow::Owned(v),
+            Err(at) => fields.insert(at, (Cow::Borrowed(k), Cow::Owned(v))),
+        };
+    fields.extend(
+        map.iter()
+            .map(|(k, v)| (k.0.clone(), Cow::Borrowed(v.get()))),
+    );
     let kind = match as_str(map.get(&key("type"))) {
         Some(t) => t,
         None => {
-            message = RawValue::from_string("\"message\"".to_owned())?;
-            map.insert(key("type"), &message);
+            set(&mut fields, "type", "\"message\"".to_owned());
             Cow::Borrowed("message")
         }
     };
@@ -80,12 +88,10 @@ fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_j
         _ => "item",
     };
     if as_str(map.get(&key("id"))).is_none_or(|id| id.is_empty()) {
-        id = RawValue::from_string(format!("\"{prefix}_{base}_in{n}\""))?;
-        map.insert(key("id"), &id);
+        set(&mut fields, "id", format!("\"{prefix}_{base}_in{n}\""));
     }
-    if let Entry::Vacant(status) = map.entry(key("status")) {
-        completed = RawValue::from_string("\"completed\"".to_owned())?;
-        status.insert(&completed);
+    if !map.contains_key(&key("status")) {
+        set(&mut fields, "status", "\"completed\"".to_owned());
     }
     if kind == "message" {
         if let Some(text) = map
@@ -102,18 +108,17 @@ fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_j
             } else {
                 format!("[{{\"text\":{},\"type\":\"input_text\"}}]", text.get())
             };
-            parts = RawValue::from_string(part)?;
-            map.insert(key("content"), &parts);
+            set(&mut fields, "content", part);
         }
     }
     out.push(b'{');
-    for (i, (k, v)) in map.iter().enumerate() {
+    for (i, (k, v)) in fields.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        write_json_str(out, &k.0);
+        write_json_str(out, k);
         out.push(b':');
-        out.extend_from_slice(v.get().as_bytes());
+        out.extend_from_slice(v.as_bytes());
     }
     out.push(b'}');
     Ok(())
