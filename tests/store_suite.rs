@@ -1164,13 +1164,13 @@ async fn stored_responses_belong_to_their_tenant_and_are_pruned(fx: &Fixture) {
     let now = store::now_ms();
     let first = stored("resp_1", a, now - 10_000, 10);
     assert_eq!(
-        s.put_responses(std::slice::from_ref(&first)).await.unwrap(),
+        s.put_responses(&[Arc::new(first.clone())]).await.unwrap(),
         1
     );
     // Written again (a retried write): kept as it was, counted as not new.
     let mut again = first.clone();
     again.response = "{}".into();
-    assert_eq!(s.put_responses(&[again]).await.unwrap(), 0);
+    assert_eq!(s.put_responses(&[Arc::new(again)]).await.unwrap(), 0);
     assert_eq!(
         s.get_response(a, "resp_1").await.unwrap(),
         Some(first.clone()),
@@ -1191,7 +1191,8 @@ async fn stored_responses_belong_to_their_tenant_and_are_pruned(fx: &Fixture) {
         stored("resp_a2", a, now - 2_000, 1000),
         stored("resp_a3", a, now - 1_000, 1000),
         stored("resp_b1", b, now - 3_000, 1000),
-    ];
+    ]
+    .map(Arc::new);
     assert_eq!(s.put_responses(&rows).await.unwrap(), 5);
     let cap = rows[2].size() + rows[3].size();
     assert_eq!(s.prune_responses(now - 50_000, cap).await.unwrap(), 2);
@@ -1333,7 +1334,7 @@ impl Store for Rigged {
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> store::StoreResult<Vec<LedgerRow>> {
         self.inner.ledger_rows(tenant).await
     }
-    async fn put_responses(&self, rows: &[store::StoredResponse]) -> store::StoreResult<u64> {
+    async fn put_responses(&self, rows: &[Arc<store::StoredResponse>]) -> store::StoreResult<u64> {
         self.inner.put_responses(rows).await
     }
     async fn get_response(

@@ -68,6 +68,13 @@ impl Turn {
 /// Most responses the writer stores in one transaction.
 const WRITE_BATCH: usize = 256;
 
+/// How long the writer waits, once a response has arrived, for more to share its transaction.
+/// A transaction (with SQLite, a write lock, a commit and an fsync) costs far more than a row:
+/// under load this turns one transaction per response into one per interval, as the ledger's
+/// flush interval does for ledger rows. A response waiting for the store is served from memory
+/// meanwhile, so nobody waits for it.
+const WRITE_LINGER: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// The store of responses, and what is waiting for it.
 pub struct StoredResponses {
     store: Arc<dyn Store>,
@@ -149,16 +156,26 @@ impl StoredResponses {
     }
 }
 
-/// Stores queued responses, up to [`WRITE_BATCH`] per transaction. A response deleted while
+/// Stores queued responses, up to [`WRITE_BATCH`] per transaction, gathering for
+/// [`WRITE_LINGER`] after the first arrives. A response deleted while
 /// its batch was being written (no longer pending when the write ends) is deleted again. A
 /// batch the store refuses is logged and dropped: stored responses are a convenience the
 /// store's outage may cost, never a charge.
 async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<StoredResponse>>) {
     let mut batch: Vec<Arc<StoredResponse>> = Vec::with_capacity(WRITE_BATCH);
     while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
-        let rows: Vec<StoredResponse> = batch.iter().map(|r| StoredResponse::clone(r)).collect();
-        let bytes: u64 = rows.iter().map(StoredResponse::size).sum();
-        if let Err(e) = this.store.put_responses(&rows).await {
+        if batch.len() < WRITE_BATCH {
+            tokio::time::sleep(WRITE_LINGER).await;
+            while batch.len() < WRITE_BATCH {
+                match rx.try_recv() {
+                    Ok(row) => batch.push(row),
+                    Err(_) => break,
+                }
+            }
+        }
+        let rows = &batch;
+        let bytes: u64 = rows.iter().map(|r| r.size()).sum();
+        if let Err(e) = this.store.put_responses(rows).await {
             log::error!("{} stored responses not written: {e}", rows.len());
         }
         let deleted: Vec<(TenantId, String)> = {

@@ -456,8 +456,9 @@ pub trait Store: UsageStore + Send + Sync {
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>>;
 
     /// Stores responses, in one transaction; an id already stored is left as it is. Returns
-    /// how many were new.
-    async fn put_responses(&self, rows: &[StoredResponse]) -> StoreResult<u64>;
+    /// how many were new. Shared rows: the caller keeps serving them from memory meanwhile,
+    /// and a backend that moves them to another thread copies pointers, not responses.
+    async fn put_responses(&self, rows: &[Arc<StoredResponse>]) -> StoreResult<u64>;
     /// The stored response `id` of `tenant`: `None` when there is none, or it is another
     /// tenant's (the caller cannot tell the two apart, by design).
     async fn get_response(&self, tenant: TenantId, id: &str)

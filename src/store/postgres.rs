@@ -30,7 +30,7 @@ use super::{
 use crate::config::redact_url;
 use crate::money::Pen;
 use async_trait::async_trait;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::error::SqlState;
@@ -448,7 +448,7 @@ impl Store for PgStore {
         with_retry!(self, c => ledger::ledger_rows_q(c, tenant))
     }
 
-    async fn put_responses(&self, rows: &[StoredResponse]) -> StoreResult<u64> {
+    async fn put_responses(&self, rows: &[Arc<StoredResponse>]) -> StoreResult<u64> {
         with_retry!(self, c => async { responses::pg_put(c, rows).await.map_err(PgErr::from) })
     }
 

@@ -13,6 +13,7 @@
 
 use super::{StoreError, StoreResult, StoredResponse, TenantId, UnixMs};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use std::sync::Arc;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
@@ -39,7 +40,7 @@ fn sqlite_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredResponse> {
     })
 }
 
-pub(super) fn sqlite_put(conn: &mut Connection, rows: &[StoredResponse]) -> StoreResult<u64> {
+pub(super) fn sqlite_put(conn: &mut Connection, rows: &[Arc<StoredResponse>]) -> StoreResult<u64> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_err)?;
@@ -156,7 +157,10 @@ impl From<tokio_postgres::Error> for PgFailure {
     }
 }
 
-pub(super) async fn pg_put(client: &mut Client, rows: &[StoredResponse]) -> Result<u64, PgFailure> {
+pub(super) async fn pg_put(
+    client: &mut Client,
+    rows: &[Arc<StoredResponse>],
+) -> Result<u64, PgFailure> {
     let tx = client.transaction().await?;
     let mut new = 0u64;
     for r in rows {

@@ -359,7 +359,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn put_responses(&self, rows: &[StoredResponse]) -> StoreResult<u64> {
+    async fn put_responses(&self, rows: &[Arc<StoredResponse>]) -> StoreResult<u64> {
         let rows = rows.to_vec();
         self.run(move |conn| responses::sqlite_put(conn, &rows))
             .await

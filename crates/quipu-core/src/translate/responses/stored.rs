@@ -8,8 +8,8 @@
 //! [`normalize_items`] gives this request's items the API's item shape before they are
 //! stored: an `id` (`msg_`, `fc_`, `fco_`, `rs_` + the response's hex + `_in<n>`) when the
 //! client sent none, a message's string content as one `input_text` (`output_text` for an
-//! assistant) part, `type` and `status`. It runs on the store writer, off the request path;
-//! the earlier items were normalized when they were stored.
+//! assistant) part, `type` and `status`. It runs once the response's last byte went out; the
+//! earlier items were normalized when they were stored.
 //!
 //! [`list_input_items`] pages through them as the API does: `order` `desc` (the default,
 //! newest first) or `asc`, `limit` 1–100 (default 20), `after` / `before` an item id.
@@ -18,80 +18,110 @@ use super::request::invalid;
 use crate::error::{write_json_str, ApiError};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 /// Gives the items from `new_from` on their stored shape (see the module docs); `base` is the
-/// response's hex id. Runs off the request path (the store writer), so it reads each new item
-/// whole; the earlier ones are copied as they are.
+/// response's hex id. The earlier items are copied as they are. A new item's fields are read
+/// as raw JSON and written back in key order with what is missing added, values copied byte
+/// for byte: no tree of values is built (it cost a stored response more than its translation).
 pub fn normalize_items(items: &[u8], new_from: usize, base: &str) -> Result<Vec<u8>, String> {
     let list: Vec<&RawValue> = serde_json::from_slice(items)
         .map_err(|e| format!("stored items are not a JSON array: {e}"))?;
-    let mut out = Vec::with_capacity(items.len() + list.len().saturating_sub(new_from) * 64);
+    let mut out = Vec::with_capacity(items.len() + list.len().saturating_sub(new_from) * 96);
     out.push(b'[');
     for (i, raw) in list.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        if i < new_from {
+        if i < new_from || !raw.get().trim_start().starts_with('{') {
             out.extend_from_slice(raw.get().as_bytes());
             continue;
         }
-        let mut item: Value = serde_json::from_str(raw.get())
+        normalize(raw, base, i - new_from, &mut out)
             .map_err(|e| format!("stored item {i} is not JSON: {e}"))?;
-        if let Value::Object(map) = &mut item {
-            normalize(map, base, i - new_from);
-        }
-        serde_json::to_writer(&mut out, &item).map_err(|e| e.to_string())?;
     }
     out.push(b']');
     Ok(out)
 }
 
+/// An item's key, borrowed unless it has escapes.
+#[derive(Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// A JSON string's value, `None` for anything else.
+fn as_str<'a>(raw: Option<&&'a RawValue>) -> Option<Cow<'a, str>> {
+    raw.filter(|r| r.get().starts_with('"'))
+        .and_then(|r| serde_json::from_str::<Key<'a>>(r.get()).ok())
+        .map(|k| k.0)
+}
+
 /// One new item in the API's shape: `type`, an `id`, a `status`, a message's content as parts.
-fn normalize(map: &mut Map<String, Value>, base: &str, n: usize) {
-    let kind = match map.get("type").and_then(Value::as_str) {
-        Some(t) => t.to_owned(),
+fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_json::Result<()> {
+    let map: BTreeMap<Key<'_>, &RawValue> = serde_json::from_str(raw.get())?;
+    let key = |k: &'static str| Key(Cow::Borrowed(k));
+    // The fields as JSON text, in key order, with what is added or replaced.
+    let mut fields: Vec<(Cow<'_, str>, Cow<'_, str>)> = Vec::with_capacity(map.len() + 3);
+    let set =
+        |fields: &mut Vec<(Cow<'_, str>, Cow<'_, str>)>, k: &'static str, v: String| match fields
+            .binary_search_by(|(f, _)| f.as_ref().cmp(k))
+        {
+            Ok(at) => fields[at].1 = Cow::Owned(v),
+            Err(at) => fields.insert(at, (Cow::Borrowed(k), Cow::Owned(v))),
+        };
+    fields.extend(
+        map.iter()
+            .map(|(k, v)| (k.0.clone(), Cow::Borrowed(v.get()))),
+    );
+    let kind = match as_str(map.get(&key("type"))) {
+        Some(t) => t,
         None => {
-            map.insert("type".into(), Value::from("message"));
-            "message".to_owned()
+            set(&mut fields, "type", "\"message\"".to_owned());
+            Cow::Borrowed("message")
         }
     };
-    let prefix = match kind.as_str() {
+    let prefix = match kind.as_ref() {
         "message" => "msg",
         "function_call" => "fc",
         "function_call_output" => "fco",
         "reasoning" => "rs",
         _ => "item",
     };
-    if map
-        .get("id")
-        .is_none_or(|id| id.as_str().is_none_or(str::is_empty))
-    {
-        map.insert("id".into(), Value::from(format!("{prefix}_{base}_in{n}")));
+    if as_str(map.get(&key("id"))).is_none_or(|id| id.is_empty()) {
+        set(&mut fields, "id", format!("\"{prefix}_{base}_in{n}\""));
     }
-    if !map.contains_key("status") {
-        map.insert("status".into(), Value::from("completed"));
+    if !map.contains_key(&key("status")) {
+        set(&mut fields, "status", "\"completed\"".to_owned());
     }
     if kind == "message" {
-        if let Some(Value::String(text)) = map.get("content") {
-            let assistant = map.get("role").and_then(Value::as_str) == Some("assistant");
-            let mut part = Map::new();
-            part.insert(
-                "type".into(),
-                Value::from(if assistant {
-                    "output_text"
-                } else {
-                    "input_text"
-                }),
-            );
-            part.insert("text".into(), Value::from(text.clone()));
-            if assistant {
-                part.insert("annotations".into(), Value::Array(Vec::new()));
-            }
-            map.insert("content".into(), Value::Array(vec![Value::Object(part)]));
+        if let Some(text) = map
+            .get(&key("content"))
+            .filter(|c| c.get().starts_with('"'))
+        {
+            let assistant = as_str(map.get(&key("role"))).as_deref() == Some("assistant");
+            // Keys in order, as every object here is written.
+            let part = if assistant {
+                format!(
+                    "[{{\"annotations\":[],\"text\":{},\"type\":\"output_text\"}}]",
+                    text.get()
+                )
+            } else {
+                format!("[{{\"text\":{},\"type\":\"input_text\"}}]", text.get())
+            };
+            set(&mut fields, "content", part);
         }
     }
+    out.push(b'{');
+    for (i, (k, v)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_json_str(out, k);
+        out.push(b':');
+        out.extend_from_slice(v.as_bytes());
+    }
+    out.push(b'}');
+    Ok(())
 }
 
 /// `GET …/input_items` query parameters.

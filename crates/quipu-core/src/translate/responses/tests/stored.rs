@@ -99,3 +99,23 @@ fn a_deletion_answer() {
         json!({"id": "resp_1", "object": "response", "deleted": true})
     );
 }
+
+#[test]
+fn new_items_are_normalized_from_their_raw_fields() {
+    // An escaped key, spaces, a non-string id, a non-object item: read as JSON reads them.
+    let items = br#"[ { "ro\u006ce" : "assistant" , "content" : "x \"y\"", "id": null },
+        {"type":"function_call","id":"","arguments":"{ }","extra":{"k": [1, 2]}}, 7 ]"#;
+    let out = normalize_items(items, 0, "abc").unwrap();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v,
+        json!([
+            {"id": "msg_abc_in0", "type": "message", "role": "assistant", "status": "completed",
+             "content": [{"type": "output_text", "text": "x \"y\"", "annotations": []}]},
+            {"id": "fc_abc_in1", "type": "function_call", "status": "completed",
+             "arguments": "{ }", "extra": {"k": [1, 2]}},
+            7
+        ])
+    );
+    assert!(normalize_items(b"[{\"a\":}]", 0, "abc").is_err());
+}
