@@ -66,9 +66,12 @@ BODIES = {
                                       "messages": [{"role": "user", "content": "hola, ¿qué tal? [[sim: tokens=16]]"}]}),
     "messages": ("/v1/messages", {"model": "colibri", "max_tokens": 16,
                                   "messages": [{"role": "user", "content": "hola, ¿qué tal? [[sim: tokens=16]]"}]}),
-    # Stored (`store` defaults to true), as the SDKs and Codex send it.
+    # Stored (`store` defaults to true), as the SDKs send it by default.
     "responses": ("/v1/responses", {"model": "colibri", "max_output_tokens": 16,
                                     "input": "hola, ¿qué tal? [[sim: tokens=16]]"}),
+    # Not stored, as the Codex CLI sends it: the translation's cost alone.
+    "responses_unstored": ("/v1/responses", {"model": "colibri", "max_output_tokens": 16, "store": False,
+                                             "input": "hola, ¿qué tal? [[sim: tokens=16]]"}),
 }
 
 
@@ -182,7 +185,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="measure each build this many times, alternately")
     ap.add_argument("--keep", action="store_true", help="keep the callgrind files (for callgrind_annotate)")
     ap.add_argument("--kinds", default="chat,messages",
-                    help="request kinds, of chat,messages,responses (an earlier build may lack responses)")
+                    help="request kinds, of chat,messages,responses,responses_unstored (an earlier build may lack responses)")
     ap.add_argument("--bare", action="store_true",
                     help="also count the bare Pingora forwarder (benches/bare-forwarder), chat requests only")
     ap.add_argument("--tls", action="store_true", help="serve over TLS (a test CA), keep-alive connections")

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 pub fn normalize_items(items: &[u8], new_from: usize, base: &str) -> Result<Vec<u8>, String> {
     let list: Vec<&RawValue> = serde_json::from_slice(items)
         .map_err(|e| format!("stored items are not a JSON array: {e}"))?;
-    let mut out = Vec::with_capacity(items.len() + list.len().saturating_sub(new_from) * 96);
+    let mut out = Vec::with_capacity(items.len() + list.len().saturating_sub(new_from) * 160);
     out.push(b'[');
     for (i, raw) in list.iter().enumerate() {
         if i > 0 {
@@ -88,7 +88,19 @@ fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_j
         _ => "item",
     };
     if as_str(map.get(&key("id"))).is_none_or(|id| id.is_empty()) {
-        set(&mut fields, "id", format!("\"{prefix}_{base}_in{n}\""));
+        let mut id = String::with_capacity(prefix.len() + base.len() + 16);
+        for part in [
+            "\"",
+            prefix,
+            "_",
+            base,
+            "_in",
+            itoa::Buffer::new().format(n),
+            "\"",
+        ] {
+            id.push_str(part);
+        }
+        set(&mut fields, "id", id);
     }
     if !map.contains_key(&key("status")) {
         set(&mut fields, "status", "\"completed\"".to_owned());
@@ -100,14 +112,18 @@ fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_j
         {
             let assistant = as_str(map.get(&key("role"))).as_deref() == Some("assistant");
             // Keys in order, as every object here is written.
-            let part = if assistant {
-                format!(
-                    "[{{\"annotations\":[],\"text\":{},\"type\":\"output_text\"}}]",
-                    text.get()
+            let (head, tail) = if assistant {
+                (
+                    "[{\"annotations\":[],\"text\":",
+                    ",\"type\":\"output_text\"}]",
                 )
             } else {
-                format!("[{{\"text\":{},\"type\":\"input_text\"}}]", text.get())
+                ("[{\"text\":", ",\"type\":\"input_text\"}]")
             };
+            let mut part = String::with_capacity(head.len() + text.get().len() + tail.len());
+            for piece in [head, text.get(), tail] {
+                part.push_str(piece);
+            }
             set(&mut fields, "content", part);
         }
     }
