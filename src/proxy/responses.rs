@@ -30,7 +30,7 @@ use crate::translate::{ResponseContext, UpstreamRequest};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use pingora::protocols::http::ServerSession;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -81,11 +81,20 @@ pub struct StoredResponses {
     /// Bytes of responses waiting for the store.
     queued: AtomicUsize,
     max_queued: usize,
-    /// Finished responses the writer has not stored yet, by id: what `previous_response_id`
-    /// and the stored-response routes read first, so a conversation continued at once finds
-    /// its previous turn.
-    pending: Mutex<HashMap<String, Arc<StoredResponse>>>,
+    pending: Mutex<Pending>,
     queue: mpsc::UnboundedSender<Arc<StoredResponse>>,
+}
+
+/// What the writer has not finished with.
+#[derive(Default)]
+struct Pending {
+    /// Finished responses not stored yet, by id: what `previous_response_id` and the
+    /// stored-response routes read first, so a conversation continued at once finds its
+    /// previous turn.
+    rows: HashMap<String, Arc<StoredResponse>>,
+    /// Ids deleted while their batch was being written: they read as missing until the
+    /// writer has deleted them from the store again.
+    deleted: HashSet<String>,
 }
 
 impl StoredResponses {
@@ -100,7 +109,7 @@ impl StoredResponses {
             store,
             queued: AtomicUsize::new(0),
             max_queued,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
             queue,
         });
         rt.spawn(writer(Arc::clone(&this), rx));
@@ -113,16 +122,22 @@ impl StoredResponses {
         tenant: TenantId,
         id: &str,
     ) -> Result<Option<Arc<StoredResponse>>, StoreError> {
-        let waiting = self
-            .pending
-            .lock()
-            .get(id)
-            .filter(|r| r.tenant_id == tenant)
-            .cloned();
-        if waiting.is_some() {
-            return Ok(waiting);
+        {
+            let pending = self.pending.lock();
+            if pending.deleted.contains(id) {
+                return Ok(None);
+            }
+            let waiting = pending.rows.get(id).filter(|r| r.tenant_id == tenant);
+            if let Some(row) = waiting {
+                return Ok(Some(Arc::clone(row)));
+            }
         }
-        Ok(self.store.get_response(tenant, id).await?.map(Arc::new))
+        let stored = self.store.get_response(tenant, id).await?;
+        // Deleted while this read was in flight (its batch being written meanwhile).
+        if self.pending.lock().deleted.contains(id) {
+            return Ok(None);
+        }
+        Ok(stored.map(Arc::new))
     }
 
     /// Waits, at most `timeout`, until every queued response is in the store (a graceful
@@ -131,7 +146,7 @@ impl StoredResponses {
     pub async fn flush(&self, timeout: std::time::Duration) -> usize {
         let by = tokio::time::Instant::now() + timeout;
         loop {
-            let waiting = self.pending.lock().len();
+            let waiting = self.pending.lock().rows.len();
             if self.queued.load(Ordering::SeqCst) == 0 || waiting == 0 {
                 return 0;
             }
@@ -146,8 +161,12 @@ impl StoredResponses {
     async fn delete(&self, tenant: TenantId, id: &str) -> Result<bool, StoreError> {
         let waiting = {
             let mut pending = self.pending.lock();
-            match pending.get(id) {
-                Some(r) if r.tenant_id == tenant => pending.remove(id).is_some(),
+            match pending.rows.get(id) {
+                Some(r) if r.tenant_id == tenant => {
+                    pending.rows.remove(id);
+                    pending.deleted.insert(id.to_owned());
+                    true
+                }
                 _ => false,
             }
         };
@@ -157,10 +176,11 @@ impl StoredResponses {
 }
 
 /// Stores queued responses, up to [`WRITE_BATCH`] per transaction, gathering for
-/// [`WRITE_LINGER`] after the first arrives. A response deleted while
-/// its batch was being written (no longer pending when the write ends) is deleted again. A
-/// batch the store refuses is logged and dropped: stored responses are a convenience the
-/// store's outage may cost, never a charge.
+/// [`WRITE_LINGER`] after the first arrives. A response deleted before its batch is written
+/// is left out of it; one deleted while the batch was being written is deleted from the store
+/// again, and reads as missing meanwhile (its id is in `Pending::deleted`). A batch the store
+/// refuses is logged and dropped: stored responses are a convenience the store's outage may
+/// cost, never a charge.
 async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<StoredResponse>>) {
     let mut batch: Vec<Arc<StoredResponse>> = Vec::with_capacity(WRITE_BATCH);
     while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
@@ -173,21 +193,38 @@ async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<
                 }
             }
         }
-        let rows = &batch;
-        let bytes: u64 = rows.iter().map(|r| r.size()).sum();
-        if let Err(e) = this.store.put_responses(rows).await {
-            log::error!("{} stored responses not written: {e}", rows.len());
+        let bytes: u64 = batch.iter().map(|r| r.size()).sum();
+        {
+            let mut pending = this.pending.lock();
+            batch.retain(|r| {
+                let kept = pending.rows.contains_key(&r.id);
+                if !kept {
+                    pending.deleted.remove(&r.id);
+                }
+                kept
+            });
+        }
+        if !batch.is_empty() {
+            if let Err(e) = this.store.put_responses(&batch).await {
+                log::error!("{} stored responses not written: {e}", batch.len());
+            }
         }
         let deleted: Vec<(TenantId, String)> = {
             let mut pending = this.pending.lock();
-            rows.iter()
-                .filter(|r| pending.remove(&r.id).is_none())
+            batch
+                .iter()
+                .filter(|r| pending.rows.remove(&r.id).is_none())
                 .map(|r| (r.tenant_id, r.id.clone()))
                 .collect()
         };
         for (tenant, id) in deleted {
-            if let Err(e) = this.store.delete_response(tenant, &id).await {
-                log::error!("stored response {id}, deleted while written, not deleted: {e}");
+            match this.store.delete_response(tenant, &id).await {
+                Ok(_) => {
+                    this.pending.lock().deleted.remove(&id);
+                }
+                // Its id stays in `deleted`, so it keeps reading as missing; the retention
+                // removes the row.
+                Err(e) => log::error!("stored response {id}, deleted while written: {e}"),
             }
         }
         this.queued
@@ -384,6 +421,7 @@ pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) {
     shared
         .pending
         .lock()
+        .rows
         .insert(row.id.clone(), Arc::clone(&row));
     if shared.queue.send(row).is_err() {
         log::error!("stored responses: the writer has stopped");

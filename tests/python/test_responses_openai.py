@@ -236,6 +236,24 @@ def test_retrieve_input_items_delete(gw, tenant):
         c.responses.delete(r.id)
 
 
+def test_a_deleted_response_is_gone_at_once(gw, tenant):
+    """Deleted while it waits for the store (the writer gathers responses for 10 ms) or while
+    its batch is being written: it never reads back, and deleting it again is a 404."""
+    _, key = tenant
+    c = client(gw, key)
+    for i in range(20):
+        r, _ = create(c, model="colibri", input=f"borrar {i}")
+        c.responses.delete(r.id)
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(r.id)
+        with pytest.raises(openai.NotFoundError):
+            c.responses.delete(r.id)
+        if i % 2:
+            time.sleep(0.011)  # once the batch it was in has been written
+            with pytest.raises(openai.NotFoundError):
+                c.responses.retrieve(r.id)
+
+
 def test_store_false_is_not_retrievable(gw, tenant):
     _, key = tenant
     c = client(gw, key)
