@@ -1,13 +1,15 @@
 //! Responses API create requests: any bytes give either a valid upstream request that respects
 //! the rules (a JSON body for a configured model, `max_tokens` 1–8192, a prompt with a real
-//! turn, `stream` as asked, the stored conversation when `store`), or an error that renders
-//! in every client shape.
+//! turn, `stream` as asked, the stored conversation when `store`, which normalizes to as many
+//! items, each with an id, a type and a status), or an error that renders in every client
+//! shape.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use quipu_core::config::{Config, EMBEDDED_DEFAULT};
 use quipu_core::error::ClientFormat;
 use quipu_core::translate::responses::responses_to_upstream_body;
+use quipu_core::translate::responses::stored::normalize_items;
 use serde_json::Value;
 use std::sync::OnceLock;
 
@@ -44,11 +46,35 @@ fuzz_target!(|data: &[u8]| {
             if let Some(conv) = &t.conversation {
                 let items: Value =
                     serde_json::from_slice(&conv.items).expect("the stored conversation is JSON");
-                assert!(items.is_array());
+                let n = items
+                    .as_array()
+                    .expect("the stored conversation is an array")
+                    .len();
+                // What is stored: every item kept, each object with an id, a type and a status.
+                let stored = normalize_items(&conv.items, conv.new_from, "abc")
+                    .expect("a translated conversation normalizes");
+                let stored: Value =
+                    serde_json::from_slice(&stored).expect("normalized items are JSON");
+                let stored = stored.as_array().expect("normalized items are an array");
+                assert_eq!(stored.len(), n);
+                for item in stored.iter().skip(conv.new_from).filter(|i| i.is_object()) {
+                    assert!(
+                        item["id"].as_str().is_some_and(|id| !id.is_empty()),
+                        "{item}"
+                    );
+                    assert!(
+                        item["type"].is_string() && item["status"].is_string(),
+                        "{item}"
+                    );
+                }
             }
         }
         Err(e) => {
-            for f in [ClientFormat::Chat, ClientFormat::Messages, ClientFormat::Responses] {
+            for f in [
+                ClientFormat::Chat,
+                ClientFormat::Messages,
+                ClientFormat::Responses,
+            ] {
                 let _: Value =
                     serde_json::from_slice(&e.body(f, "req_fuzz")).expect("errors render as JSON");
                 assert!((400..600).contains(&e.status(f)));
