@@ -250,6 +250,11 @@ metrics! {
         "Ledger rows written (new), skipped as already recorded (duplicate), refused as invalid and moved to the dead-letter table (rejected), or written to a spill file at a shutdown with the store unreachable (spilled)",
         &["result"],
     );
+    stored_responses: IntCounterVec = counter(
+        "quipu_stored_responses_total",
+        "Responses of the Responses API to keep (store: true), by result: written to the store (stored), not kept because too many bytes were waiting for the store (queue_full), lost with a batch the store refused (failed), or not storable (invalid)",
+        &["result"],
+    );
     ledger_spill_files: IntGaugeVec = gauge_vec(
         "quipu_ledger_spill_files",
         "Ledger spill files in store.spill_dir not imported yet: their charges are not in the tenants' balances until `quipu ledger import` (complete), or a process died writing them (incomplete)",

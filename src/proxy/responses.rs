@@ -13,12 +13,14 @@
 //!   billing runtime, like the ledger's) has stored it, in batches of one transaction: a
 //!   conversation continued at once reads it from there. Responses waiting for the store are
 //!   bounded in bytes (`responses.max_queued_mib`): beyond, a response is not stored (logged).
-//!   A failed response is not stored; a batch the store refuses is logged and dropped.
+//!   A failed response is not stored; a batch the store refuses is logged and dropped. Each
+//!   outcome is counted (`quipu_stored_responses_total{result}`).
 //! - **Read and delete** name the caller's tenant in every query; they reach no upstream and
 //!   bill nothing.
 
 use super::{Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::error::{ApiError, ErrorKind};
+use crate::metrics::m;
 use crate::route::{stored_response_path, ApiRoute};
 use crate::store::{now_ms, Store, StoreError, StoredResponse, TenantId};
 use crate::translate::responses::request::{parse_request, responses_to_upstream, Prior};
@@ -113,6 +115,9 @@ impl StoredResponses {
             queue,
         });
         rt.spawn(writer(Arc::clone(&this), rx));
+        for result in ["stored", "queue_full", "failed", "invalid"] {
+            m().stored_responses.with_label_values(&[result]);
+        }
         this
     }
 
@@ -159,19 +164,22 @@ impl StoredResponses {
 
     /// Deletes the stored response `id` of `tenant`; whether there was one.
     async fn delete(&self, tenant: TenantId, id: &str) -> Result<bool, StoreError> {
-        let waiting = {
+        let (waiting, deleted_before) = {
             let mut pending = self.pending.lock();
             match pending.rows.get(id) {
+                _ if pending.deleted.contains(id) => (false, true),
                 Some(r) if r.tenant_id == tenant => {
                     pending.rows.remove(id);
                     pending.deleted.insert(id.to_owned());
-                    true
+                    (true, false)
                 }
-                _ => false,
+                _ => (false, false),
             }
         };
         let stored = self.store.delete_response(tenant, id).await?;
-        Ok(waiting || stored)
+        // Deleted already while its batch was being written: the row this found in the store
+        // was that write's, and this is a second delete.
+        Ok(waiting || (stored && !deleted_before))
     }
 }
 
@@ -205,9 +213,16 @@ async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<
             });
         }
         if !batch.is_empty() {
-            if let Err(e) = this.store.put_responses(&batch).await {
-                log::error!("{} stored responses not written: {e}", batch.len());
-            }
+            let result = match this.store.put_responses(&batch).await {
+                Ok(_) => "stored",
+                Err(e) => {
+                    log::error!("{} stored responses not written: {e}", batch.len());
+                    "failed"
+                }
+            };
+            m().stored_responses
+                .with_label_values(&[result])
+                .inc_by(batch.len() as u64);
         }
         let deleted: Vec<(TenantId, String)> = {
             let mut pending = this.pending.lock();
@@ -391,6 +406,7 @@ pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) {
         Ok(parts) => parts,
         Err(e) => {
             log::error!("response {id} not stored: {e}");
+            m().stored_responses.with_label_values(&["invalid"]).inc();
             return;
         }
     };
@@ -411,6 +427,9 @@ pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) {
         .saturating_add(size);
     if queued > shared.max_queued {
         shared.queued.fetch_sub(size, Ordering::SeqCst);
+        m().stored_responses
+            .with_label_values(&["queue_full"])
+            .inc();
         log::warn!(
             "response {} not stored: {queued} bytes of responses are waiting for the store \
              (responses.max_queued_mib)",

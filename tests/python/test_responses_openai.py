@@ -12,7 +12,7 @@ from decimal import Decimal
 import openai
 import pytest
 
-from harness import http_json
+from harness import http_json, wait_until
 
 PRICES = {  # per million tokens, as harness.model_block configures them
     "colibri": (Decimal("0.20"), Decimal("0.05"), Decimal("0.80")),
@@ -252,6 +252,20 @@ def test_a_deleted_response_is_gone_at_once(gw, tenant):
             time.sleep(0.011)  # once the batch it was in has been written
             with pytest.raises(openai.NotFoundError):
                 c.responses.retrieve(r.id)
+
+
+def test_stored_responses_are_counted(gw, tenant):
+    _, key = tenant
+    c = client(gw, key)
+    time.sleep(0.1)  # what earlier tests queued is written by now (the writer gathers 10 ms)
+    before = gw.metric_value("quipu_stored_responses_total", result="stored")
+    for i in range(3):
+        create(c, model="colibri", input=f"cuenta {i}")
+    create(c, model="colibri", input="no se guarda", store=False)
+    wait_until(lambda: gw.metric_value("quipu_stored_responses_total", result="stored") - before == 3,
+               5, "three responses to be stored")
+    for result in ("queue_full", "failed", "invalid"):
+        assert gw.metric_value("quipu_stored_responses_total", result=result) == 0, result
 
 
 def test_store_false_is_not_retrievable(gw, tenant):
