@@ -96,6 +96,12 @@ http {{
                                self.dir / "nginx.log")
         self.process.start()
         wait_until(lambda: http_json("GET", self.base + "/health", timeout=2)[0] == 200, 15, "nginx up")
+        # What answered must be this nginx, not a replica that took the port first.
+        _, _, headers = http_json("GET", self.base + "/health", timeout=2)
+        server = next((v for k, v in headers.items() if k.lower() == "server"), "")
+        assert self.process.alive() and server.startswith("nginx"), (
+            f"port {self.port} is not this balancer's (Server: {server!r}):\n{self.process.tail()}"
+        )
         return self
 
     def stop(self) -> None:

@@ -34,10 +34,21 @@ def require_binaries() -> None:
         )
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, never one this run has handed out before: the port is
+    released before its server binds it, and the kernel may give a released port again — a
+    balancer given a replica's port then fails to bind while the replica answers its health
+    check, and every request reaches that one replica."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_until(check, timeout: float = 15.0, what: str = "condition") -> None:
