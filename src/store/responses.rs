@@ -3,13 +3,15 @@
 //!
 //! One row per response: its id, tenant, key, model, `created_at`, the response object, the
 //! conversation's input items and their `size` (what the per-tenant cap counts), indexed by
-//! (tenant, created_at) for the cap and by created_at for the retention. Every read and delete
+//! (tenant, created_at), for the cap and the retention (there is no index by age alone: each
+//! stored response would pay for it, see the schema's migration 6). Every read and delete
 //! names the tenant: another tenant's id reads as missing.
 //!
-//! The cleanup ([`super::Store::prune_responses`]) deletes by age, then, per tenant, the
-//! oldest rows beyond the cap: a window sum over the tenant's rows newest first, so the newest
-//! responses that fit are kept. Both run in one statement each; a cleanup that races a write
-//! at worst leaves a row for the next pass.
+//! The cleanup ([`super::Store::prune_responses`]) deletes by age, tenant by tenant through
+//! the (tenant, created_at) index, then, per tenant, the oldest rows beyond the cap: a window
+//! sum over the tenant's rows newest first, so the newest responses that fit are kept. Both
+//! run in one statement each; a cleanup that races a write at worst leaves a row for the next
+//! pass.
 
 use super::{StoreError, StoreResult, StoredResponse, TenantId, UnixMs};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -103,6 +105,13 @@ pub(super) fn sqlite_delete(
     Ok(n > 0)
 }
 
+/// Deletes the rows created before the parameter, tenant by tenant: each tenant's oldest rows
+/// are a range of `responses_by_tenant`. `CROSS JOIN` keeps SQLite's planner on that order
+/// (tenants outside): left to itself, without statistics, it scans `responses`.
+const TOO_OLD: &str = "DELETE FROM responses WHERE id IN (
+    SELECT r.id FROM tenants t CROSS JOIN responses r
+     WHERE r.tenant_id = t.id AND r.created_at < ";
+
 /// Deletes each tenant's oldest rows beyond the cap (the newest that fit are kept).
 const OVER_CAP: &str = "DELETE FROM responses WHERE id IN (
     SELECT id FROM (
@@ -121,10 +130,7 @@ pub(super) fn sqlite_prune(
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_err)?;
     let old = tx
-        .execute(
-            "DELETE FROM responses WHERE created_at < ?1",
-            params![before],
-        )
+        .execute(&format!("{TOO_OLD}?1)"), params![before])
         .map_err(sql_err)?;
     let over = tx
         .execute(&format!("{OVER_CAP}?1)"), params![cap])
@@ -225,14 +231,39 @@ pub(super) async fn pg_prune(
     let cap = i64::try_from(max_bytes).unwrap_or(i64::MAX);
     let tx = client.transaction().await?;
     let old = tx
-        .execute_typed(
-            "DELETE FROM responses WHERE created_at < $1",
-            &[(&before, Type::INT8)],
-        )
+        .execute_typed(&format!("{TOO_OLD}$1)"), &[(&before, Type::INT8)])
         .await?;
     let over = tx
         .execute_typed(&format!("{OVER_CAP}$1)"), &[(&cap, Type::INT8)])
         .await?;
     tx.commit().await?;
     Ok(old + over)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::schema::{SQLITE_BOOTSTRAP, SQLITE_MIGRATIONS};
+    use rusqlite::Connection;
+
+    #[test]
+    fn the_retention_reads_each_tenants_rows_by_index_on_sqlite() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SQLITE_BOOTSTRAP).unwrap();
+        for (_, sql) in SQLITE_MIGRATIONS {
+            conn.execute_batch(sql).unwrap();
+        }
+        let sql = format!("EXPLAIN QUERY PLAN {}0)", super::TOO_OLD);
+        let mut stmt = conn.prepare(&sql).unwrap();
+        let plan: Vec<String> = stmt
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|l| l.contains("responses_by_tenant (tenant_id=? AND created_at<?)")),
+            "{plan:?}"
+        );
+        assert!(!plan.iter().any(|l| l == "SCAN r"), "{plan:?}");
+    }
 }

@@ -34,10 +34,14 @@
 //! (`resp_…`, primary key), tenant, key id, model slug, `created_at`, the response object and
 //! the conversation's input items (JSON text, exactly as served), and their `size` in bytes;
 //! indexed by (tenant, created_at) for the per-tenant cap and by created_at for the retention
-//! (see `responses`).
+//! (see `responses`; migration 6 dropped the latter).
 //!
 //! Migration 5 added `rate_windows`: the shared rate windows of several replicas (see
 //! `replicas`).
+//!
+//! Migration 6 dropped `responses_by_age`: every stored response paid for its entry (about a
+//! sixth of the row's cost on SQLite), for a cleanup that runs once a minute; the retention
+//! now walks each tenant's rows by `responses_by_tenant`.
 //!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
@@ -240,6 +244,12 @@ CREATE TABLE rate_windows (
 CREATE INDEX rate_windows_by_end ON rate_windows (ends_at);
 "#,
     ),
+    (
+        6,
+        r#"
+DROP INDEX responses_by_age;
+"#,
+    ),
 ];
 
 /// PostgreSQL migrations, `(version, SQL)`; the same logical schema as [`SQLITE_MIGRATIONS`].
@@ -388,6 +398,12 @@ CREATE UNLOGGED TABLE rate_windows (
     PRIMARY KEY (subject, window_ms, window_start)
 );
 CREATE INDEX rate_windows_by_end ON rate_windows (ends_at);
+"#,
+    ),
+    (
+        6,
+        r#"
+DROP INDEX responses_by_age;
 "#,
     ),
 ];
