@@ -8,8 +8,9 @@
 use libfuzzer_sys::fuzz_target;
 use quipu_core::config::{Config, EMBEDDED_DEFAULT};
 use quipu_core::error::ClientFormat;
+use quipu_core::translate::responses::request::parse_items;
 use quipu_core::translate::responses::responses_to_upstream_body;
-use quipu_core::translate::responses::stored::normalize_items;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use std::sync::OnceLock;
 
@@ -20,7 +21,7 @@ fn config() -> &'static Config {
 
 fuzz_target!(|data: &[u8]| {
     let c = config();
-    match responses_to_upstream_body(data, c) {
+    match responses_to_upstream_body(data, c, "abc") {
         Ok(t) => {
             let r = &t.upstream;
             let v: Value = serde_json::from_slice(&r.body).expect("the upstream body is JSON");
@@ -44,20 +45,15 @@ fuzz_target!(|data: &[u8]| {
             let _: Value = serde_json::from_str(&echo).expect("the echo is JSON members");
             assert_eq!(t.conversation.is_some(), t.store);
             if let Some(conv) = &t.conversation {
+                // What is stored: every item kept, each new object with an id, a type and a
+                // status, and it reads back as a conversation.
                 let items: Value =
-                    serde_json::from_slice(&conv.items).expect("the stored conversation is JSON");
-                let n = items
+                    serde_json::from_str(&conv.items).expect("the stored conversation is JSON");
+                let items = items
                     .as_array()
-                    .expect("the stored conversation is an array")
-                    .len();
-                // What is stored: every item kept, each object with an id, a type and a status.
-                let stored = normalize_items(&conv.items, conv.new_from, "abc")
-                    .expect("a translated conversation normalizes");
-                let stored: Value =
-                    serde_json::from_slice(&stored).expect("normalized items are JSON");
-                let stored = stored.as_array().expect("normalized items are an array");
-                assert_eq!(stored.len(), n);
-                for item in stored.iter().skip(conv.new_from).filter(|i| i.is_object()) {
+                    .expect("the stored conversation is an array");
+                assert!(items.len() > conv.new_from);
+                for item in items.iter().skip(conv.new_from).filter(|i| i.is_object()) {
                     assert!(
                         item["id"].as_str().is_some_and(|id| !id.is_empty()),
                         "{item}"
@@ -67,6 +63,8 @@ fuzz_target!(|data: &[u8]| {
                         "{item}"
                     );
                 }
+                let raw: &RawValue = serde_json::from_str(&conv.items).expect("raw JSON");
+                parse_items(raw, "x").expect("the stored conversation reads back as items");
             }
         }
         Err(e) => {

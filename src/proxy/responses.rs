@@ -24,7 +24,7 @@ use crate::metrics::m;
 use crate::route::{stored_response_path, ApiRoute};
 use crate::store::{now_ms, Store, StoreError, StoredResponse, TenantId};
 use crate::translate::responses::request::{parse_request, responses_to_upstream, Prior};
-use crate::translate::responses::stored::{deleted, list_input_items, normalize_items, ListQuery};
+use crate::translate::responses::stored::{deleted, list_input_items, ListQuery};
 use crate::translate::responses::{
     id_base, response_id, Conversation, ResponsesContext, ResponsesTurn, ToolName,
 };
@@ -290,7 +290,8 @@ pub async fn translate(
         items: &row.input_items,
         response: &row.response,
     });
-    let turn: ResponsesTurn = responses_to_upstream(parsed, prior, &gw.config)?;
+    let turn: ResponsesTurn =
+        responses_to_upstream(parsed, prior, &gw.config, id_base(&ctx.request_id))?;
     let ResponsesTurn {
         upstream,
         echo,
@@ -392,18 +393,8 @@ pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) {
         return;
     };
     let id = response_id(&ctx.request_id);
-    let row = normalize_items(
-        &conversation.items,
-        conversation.new_from,
-        id_base(&ctx.request_id),
-    )
-    .and_then(|items| String::from_utf8(items).map_err(|e| e.to_string()))
-    .and_then(|items| {
-        let response = String::from_utf8(object).map_err(|e| e.to_string())?;
-        Ok((items, response))
-    });
-    let (input_items, response) = match row {
-        Ok(parts) => parts,
+    let response = match String::from_utf8(object) {
+        Ok(response) => response,
         Err(e) => {
             log::error!("response {id} not stored: {e}");
             m().stored_responses.with_label_values(&["invalid"]).inc();
@@ -417,7 +408,7 @@ pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) {
         model: model.slug.clone(),
         created_at: now_ms(),
         response,
-        input_items,
+        input_items: conversation.items,
     });
     let shared = &gw.responses;
     let size = usize::try_from(row.size()).unwrap_or(usize::MAX);

@@ -5,44 +5,62 @@
 //! [`super::request::Conversation`]) — so that `previous_response_id` rebuilds a conversation
 //! from one stored row, and `GET /v1/responses/{id}/input_items` lists it.
 //!
-//! [`normalize_items`] gives this request's items the API's item shape before they are
-//! stored: an `id` (`msg_`, `fc_`, `fco_`, `rs_` + the response's hex + `_in<n>`) when the
-//! client sent none, a message's string content as one `input_text` (`output_text` for an
-//! assistant) part, `type` and `status`. It runs once the response's last byte went out; the
-//! earlier items were normalized when they were stored.
+//! [`push_new_items`] and [`push_text_input`] give this request's items the API's item shape as
+//! the request is translated: an `id` (`msg_`, `fc_`, `fco_`, `rs_` + the response's hex +
+//! `_in<n>`) when the client sent none, a message's string content as one `input_text`
+//! (`output_text` for an assistant) part, `type` and `status`. The earlier items were
+//! normalized when they were stored and are copied as they are.
 //!
 //! [`list_input_items`] pages through them as the API does: `order` `desc` (the default,
 //! newest first) or `asc`, `limit` 1–100 (default 20), `after` / `before` an item id.
 
 use super::request::invalid;
-use crate::error::{write_json_str, ApiError};
+use crate::error::{json_inner, write_json_str, ApiError};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-/// Gives the items from `new_from` on their stored shape (see the module docs); `base` is the
-/// response's hex id. The earlier items are copied as they are. A new item's fields are read
-/// as raw JSON and written back in key order with what is missing added, values copied byte
-/// for byte: no tree of values is built (it cost a stored response more than its translation).
-pub fn normalize_items(items: &[u8], new_from: usize, base: &str) -> Result<Vec<u8>, String> {
-    let list: Vec<&RawValue> = serde_json::from_slice(items)
-        .map_err(|e| format!("stored items are not a JSON array: {e}"))?;
-    let mut out = Vec::with_capacity(items.len() + list.len().saturating_sub(new_from) * 160);
-    out.push(b'[');
-    for (i, raw) in list.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
+/// Appends the items of `input`, a JSON array, in their stored shape (see the module docs) to
+/// `out`, a JSON array being written; `base` is the response's hex id, and the items are
+/// numbered from 0. A new item's fields are read as raw JSON and written back in key order
+/// with what is missing added, values copied byte for byte: no tree of values is built (it
+/// cost a stored response more than its translation). Items that are not objects are copied.
+/// Returns how many items it appended.
+pub fn push_new_items(input: &str, base: &str, out: &mut String) -> serde_json::Result<usize> {
+    let list: Vec<&RawValue> = serde_json::from_str(input)?;
+    for (n, raw) in list.iter().enumerate() {
+        separate(out);
+        if raw.get().trim_start().starts_with('{') {
+            normalize(raw, base, n, out)?;
+        } else {
+            out.push_str(raw.get());
         }
-        if i < new_from || !raw.get().trim_start().starts_with('{') {
-            out.extend_from_slice(raw.get().as_bytes());
-            continue;
-        }
-        normalize(raw, base, i - new_from, &mut out)
-            .map_err(|e| format!("stored item {i} is not JSON: {e}"))?;
     }
-    out.push(b']');
-    Ok(out)
+    Ok(list.len())
+}
+
+/// Appends a string input (`text`, the JSON string as sent) as its one stored item: a user
+/// message with one `input_text` part, exactly what [`push_new_items`] makes of
+/// `{"type":"message","role":"user","content":text}`, written without reading it back.
+pub fn push_text_input(text: &RawValue, base: &str, out: &mut String) {
+    separate(out);
+    for piece in [
+        "{\"content\":[{\"text\":",
+        text.get(),
+        ",\"type\":\"input_text\"}],\"id\":\"msg_",
+        base,
+        "_in0\",\"role\":\"user\",\"status\":\"completed\",\"type\":\"message\"}",
+    ] {
+        out.push_str(piece);
+    }
+}
+
+/// A comma before the next element, unless `out` is an array that was just opened.
+fn separate(out: &mut String) {
+    if !out.ends_with('[') {
+        out.push(',');
+    }
 }
 
 /// An item's key, borrowed unless it has escapes.
@@ -57,7 +75,7 @@ fn as_str<'a>(raw: Option<&&'a RawValue>) -> Option<Cow<'a, str>> {
 }
 
 /// One new item in the API's shape: `type`, an `id`, a `status`, a message's content as parts.
-fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_json::Result<()> {
+fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut String) -> serde_json::Result<()> {
     let map: BTreeMap<Key<'_>, &RawValue> = serde_json::from_str(raw.get())?;
     let key = |k: &'static str| Key(Cow::Borrowed(k));
     // The fields as JSON text, in key order, with what is added or replaced.
@@ -127,16 +145,17 @@ fn normalize(raw: &RawValue, base: &str, n: usize, out: &mut Vec<u8>) -> serde_j
             set(&mut fields, "content", part);
         }
     }
-    out.push(b'{');
+    out.push('{');
     for (i, (k, v)) in fields.iter().enumerate() {
         if i > 0 {
-            out.push(b',');
+            out.push(',');
         }
-        write_json_str(out, k);
-        out.push(b':');
-        out.extend_from_slice(v.as_bytes());
+        out.push('"');
+        out.push_str(&json_inner(k));
+        out.push_str("\":");
+        out.push_str(v);
     }
-    out.push(b'}');
+    out.push('}');
     Ok(())
 }
 

@@ -27,7 +27,7 @@ mod input;
 mod options;
 mod tools;
 
-use super::ToolName;
+use super::{stored, ToolName};
 use crate::config::{Config, Model};
 use crate::error::{ApiError, ErrorKind};
 use crate::protocol::responses::{ResponsesItem, ResponsesRequest, StoredResponseObject};
@@ -58,11 +58,11 @@ pub struct Prior<'p> {
 /// The conversation to store with a response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conversation {
-    /// A JSON array: the earlier conversation's items, its response's output items, then
-    /// this request's input items (a string input as one user message).
-    pub items: Vec<u8>,
-    /// Items before this index were stored before, with their ids; the rest are this
-    /// request's (see [`super::stored::normalize_items`]).
+    /// A JSON array, as it is stored: the earlier conversation's items, its response's output
+    /// items, then this request's input items (a string input as one user message) in their
+    /// stored shape, with ids (see [`super::stored`]).
+    pub items: String,
+    /// Items before this index were stored before; the rest are this request's.
     pub new_from: usize,
 }
 
@@ -131,19 +131,26 @@ pub fn parse_request(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
     })
 }
 
-/// Parses and translates a request that continues no stored conversation (for tests, fuzzing
-/// and benchmarks; the proxy uses [`parse_request`] and [`responses_to_upstream`]).
-pub fn responses_to_upstream_body(body: &[u8], config: &Config) -> Result<ResponsesTurn, ApiError> {
-    responses_to_upstream(parse_request(body)?, None, config)
+/// Parses and translates a request that continues no stored conversation, as the response
+/// `resp_<id_base>` (for tests, fuzzing and benchmarks; the proxy uses [`parse_request`] and
+/// [`responses_to_upstream`]).
+pub fn responses_to_upstream_body(
+    body: &[u8],
+    config: &Config,
+    id_base: &str,
+) -> Result<ResponsesTurn, ApiError> {
+    responses_to_upstream(parse_request(body)?, None, config, id_base)
 }
 
 /// Validates a parsed request and writes its upstream form. `prior` is the stored
 /// conversation its `previous_response_id` names (the caller looked it up, and checked that it
-/// belongs to the caller's tenant).
+/// belongs to the caller's tenant); `id_base` is the hex of the response's id, which the
+/// stored conversation's new items are named after.
 pub fn responses_to_upstream(
     parsed: Parsed<'_>,
     prior: Option<Prior<'_>>,
     config: &Config,
+    id_base: &str,
 ) -> Result<ResponsesTurn, ApiError> {
     let req = &parsed.req;
     let (model_name, model) = resolve_model(req.model, config)?;
@@ -261,7 +268,12 @@ pub fn responses_to_upstream(
 
     let echo = options::echo(req, max_tokens, store)?;
     let conversation = match store {
-        true => Some(conversation(stored.as_ref(), input, input_items.is_some())),
+        true => Some(conversation(
+            stored.as_ref(),
+            input,
+            input_items.is_some(),
+            id_base,
+        )?),
         false => None,
     };
     Ok(ResponsesTurn {
@@ -304,10 +316,7 @@ fn resolve_model<'a, 'c>(
 }
 
 /// A JSON array of items, each an object; errors name the first bad one.
-pub(super) fn parse_items<'a>(
-    raw: &'a RawValue,
-    param: &str,
-) -> Result<Vec<ResponsesItem<'a>>, ApiError> {
+pub fn parse_items<'a>(raw: &'a RawValue, param: &str) -> Result<Vec<ResponsesItem<'a>>, ApiError> {
     if let Ok(v) = serde_json::from_str::<Vec<ResponsesItem<'a>>>(raw.get()) {
         return Ok(v);
     }
@@ -365,34 +374,35 @@ fn array_inner(raw: &str) -> &str {
         .trim()
 }
 
-/// The conversation to store: earlier items, their output, this input (spliced as bytes).
-fn conversation(stored: Option<&Stored<'_>>, input: &RawValue, is_list: bool) -> Conversation {
-    let mut items = Vec::with_capacity(input.get().len() + 64);
-    items.push(b'[');
-    let push = |part: &[u8], items: &mut Vec<u8>| {
-        if part.is_empty() {
-            return;
-        }
-        if items.len() > 1 {
-            items.push(b',');
-        }
-        items.extend_from_slice(part);
-    };
+/// The conversation to store: earlier items and their output (spliced as stored), then this
+/// input in its stored shape (see [`super::stored`]).
+fn conversation(
+    stored: Option<&Stored<'_>>,
+    input: &RawValue,
+    is_list: bool,
+    id_base: &str,
+) -> Result<Conversation, ApiError> {
+    let earlier = stored.map_or(0, |s| s.items_raw.len() + s.output_raw.len());
+    let mut items = String::with_capacity(earlier + input.get().len() * 5 / 4 + 160);
+    items.push('[');
     let mut new_from = 0;
     if let Some(s) = stored {
         new_from = s.items.len() + s.output.len();
-        push(array_inner(s.items_raw).as_bytes(), &mut items);
-        push(array_inner(s.output_raw).as_bytes(), &mut items);
+        for part in [array_inner(s.items_raw), array_inner(s.output_raw)] {
+            if !part.is_empty() {
+                if items.len() > 1 {
+                    items.push(',');
+                }
+                items.push_str(part);
+            }
+        }
     }
     if is_list {
-        push(array_inner(input.get()).as_bytes(), &mut items);
+        stored::push_new_items(input.get(), id_base, &mut items)
+            .map_err(|e| invalid("input", format!("must be an array of items: {e}")))?;
     } else {
-        let mut one = Vec::with_capacity(input.get().len() + 48);
-        one.extend_from_slice(b"{\"type\":\"message\",\"role\":\"user\",\"content\":");
-        one.extend_from_slice(input.get().as_bytes());
-        one.push(b'}');
-        push(&one, &mut items);
+        stored::push_text_input(input, id_base, &mut items);
     }
-    items.push(b']');
-    Conversation { items, new_from }
+    items.push(']');
+    Ok(Conversation { items, new_from })
 }

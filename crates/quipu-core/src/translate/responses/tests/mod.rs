@@ -25,7 +25,7 @@ fn base(input: Value) -> Value {
 }
 
 fn translate(v: &Value) -> ResponsesTurn {
-    responses_to_upstream_body(v.to_string().as_bytes(), config())
+    responses_to_upstream_body(v.to_string().as_bytes(), config(), "abc")
         .unwrap_or_else(|e| panic!("{e}\nrequest: {v}"))
 }
 
@@ -38,7 +38,7 @@ fn msgs(v: &Value) -> Vec<Value> {
 }
 
 fn reject(v: &Value) -> ApiError {
-    match responses_to_upstream_body(v.to_string().as_bytes(), config()) {
+    match responses_to_upstream_body(v.to_string().as_bytes(), config(), "abc") {
         Ok(r) => panic!(
             "expected an error, got {}",
             String::from_utf8_lossy(&r.upstream.body)

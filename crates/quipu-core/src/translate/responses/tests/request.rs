@@ -241,7 +241,9 @@ fn unsupported_items_and_roles_are_a_400_naming_them() {
         b"{\"model\":\"a\",\"model\":\"b\"}",
     ] {
         assert!(matches!(
-            responses_to_upstream_body(body, config()).unwrap_err().kind,
+            responses_to_upstream_body(body, config(), "abc")
+                .unwrap_err()
+                .kind,
             ErrorKind::InvalidRequest { .. }
         ));
     }
@@ -470,7 +472,7 @@ fn tool_choice_forcing_a_hosted_tool_is_a_400_naming_it() {
 #[test]
 fn the_echo_is_one_line_of_the_requests_parameters() {
     let body = "{\n \"model\": \"aguila\",\n \"input\": \"x\",\n \"instructions\": \"Be\\nbrief\",\n \"tools\": [\n  {\"type\": \"function\", \"name\": \"f\", \"parameters\": {\"type\": \"object\"}}\n ],\n \"metadata\": {\"a b\": \"c d\"},\n \"text\": {\"format\": {\"type\": \"json_object\"}}\n}";
-    let t = responses_to_upstream_body(body.as_bytes(), config()).unwrap();
+    let t = responses_to_upstream_body(body.as_bytes(), config(), "abc").unwrap();
     let echo = String::from_utf8(t.echo.clone()).unwrap();
     assert!(!echo.contains('\n'), "{echo}");
     let v: Value = serde_json::from_str(&format!("{{\"x\":0{echo}}}")).unwrap();
@@ -492,18 +494,15 @@ fn the_echo_is_one_line_of_the_requests_parameters() {
 /// What the store holds of a response: its conversation (normalized) and its object.
 fn stored_turn(v: &Value, output: Value) -> (String, String) {
     let t = translate(v);
-    let conv = t.conversation.unwrap();
-    let items =
-        crate::translate::responses::stored::normalize_items(&conv.items, conv.new_from, "abc")
-            .unwrap();
+    let items = t.conversation.unwrap().items;
     let response = json!({"id": "resp_abc", "object": "response", "output": output});
-    (String::from_utf8(items).unwrap(), response.to_string())
+    (items, response.to_string())
 }
 
 fn continue_from(v: &Value, items: &str, response: &str) -> ResponsesTurn {
     let body = v.to_string();
     let parsed = parse_request(body.as_bytes()).unwrap();
-    responses_to_upstream(parsed, Some(Prior { items, response }), config()).unwrap()
+    responses_to_upstream(parsed, Some(Prior { items, response }), config(), "abd").unwrap()
 }
 
 #[test]
@@ -537,13 +536,19 @@ fn a_stored_conversation_is_rebuilt_before_the_new_input_with_the_same_prefix() 
     // What is stored next: the earlier items, the output, the new input.
     let conv = t.conversation.unwrap();
     assert_eq!(conv.new_from, 2);
-    let all: Value = serde_json::from_slice(&conv.items).unwrap();
+    assert!(
+        conv.items.starts_with(&items[..items.len() - 1]),
+        "the earlier items are copied byte for byte: {}",
+        conv.items
+    );
+    let all: Value = serde_json::from_str(&conv.items).unwrap();
     assert_eq!(all.as_array().unwrap().len(), 3);
     assert_eq!(all[0]["id"], "msg_abc_in0");
     assert_eq!(all[1]["id"], "msg_abc_0");
     assert_eq!(
         all[2],
-        json!({"type": "message", "role": "user", "content": "What is my name?"})
+        json!({"id": "msg_abd_in0", "type": "message", "role": "user", "status": "completed",
+               "content": [{"type": "input_text", "text": "What is my name?"}]})
     );
     // Instructions are not carried over: a new one replaces the old.
     let third = json!({"model": "aguila", "instructions": "Be verbose.", "input": "again", "previous_response_id": "resp_abc"});
@@ -580,6 +585,7 @@ fn a_stored_function_call_can_be_answered_in_the_next_request() {
             response: &response,
         }),
         config(),
+        "abd",
     )
     .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Internal);

@@ -1,25 +1,29 @@
 //! Stored conversations: the items' stored shape, and listing them page by page.
 
 use super::*;
-use crate::translate::responses::stored::{deleted, list_input_items, normalize_items, ListQuery};
+use crate::translate::responses::stored::{
+    deleted, list_input_items, push_new_items, push_text_input, ListQuery,
+};
+use serde_json::value::RawValue;
+
+/// `items` (a JSON array) in their stored shape, as the items of the response `resp_abc`.
+fn normalize_items(items: &[u8], base: &str) -> serde_json::Result<String> {
+    let mut out = String::from("[");
+    push_new_items(std::str::from_utf8(items).unwrap(), base, &mut out)?;
+    out.push(']');
+    Ok(out)
+}
 
 #[test]
-fn new_items_get_ids_types_statuses_and_parts_old_ones_are_kept() {
-    let items = br#"[{"id":"msg_old","type":"message","role":"user","content":[{"type":"input_text","text":"a"}],"status":"completed"},
-        {"role":"user","content":"b"},
+fn new_items_get_ids_types_statuses_and_parts() {
+    let items = br#"[{"role":"user","content":"b"},
         {"type":"message","role":"assistant","content":"c"},
         {"type":"function_call","call_id":"call_1","name":"f","arguments":"{}"},
         {"type":"function_call_output","call_id":"call_1","output":"ok","id":"fco_client"},
         {"type":"reasoning","summary":[],"encrypted_content":"x"}]"#;
-    let out = normalize_items(items, 1, "abc").unwrap();
-    let v: Value = serde_json::from_slice(&out).unwrap();
-    let old = r#"{"id":"msg_old","type":"message","role":"user","content":[{"type":"input_text","text":"a"}],"status":"completed"}"#;
-    assert!(
-        std::str::from_utf8(&out)
-            .unwrap()
-            .starts_with(&format!("[{old},")),
-        "old items are copied byte for byte"
-    );
+    let out = normalize_items(items, "abc").unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let v = json!([null, v[0], v[1], v[2], v[3], v[4]]);
     assert_eq!(
         v[1],
         json!({"id": "msg_abc_in0", "type": "message", "role": "user", "status": "completed",
@@ -35,12 +39,12 @@ fn new_items_get_ids_types_statuses_and_parts_old_ones_are_kept() {
     assert_eq!(v[5]["id"], "rs_abc_in4");
     assert_eq!(v[5]["encrypted_content"], "x");
     // What is stored reads back as input.
-    let raw: &serde_json::value::RawValue = serde_json::from_slice(&out).unwrap();
+    let raw: &RawValue = serde_json::from_str(&out).unwrap();
     assert_eq!(
         crate::translate::responses::request::parse_items(raw, "x")
             .unwrap()
             .len(),
-        6
+        5
     );
 }
 
@@ -105,8 +109,8 @@ fn new_items_are_normalized_from_their_raw_fields() {
     // An escaped key, spaces, a non-string id, a non-object item: read as JSON reads them.
     let items = br#"[ { "ro\u006ce" : "assistant" , "content" : "x \"y\"", "id": null },
         {"type":"function_call","id":"","arguments":"{ }","extra":{"k": [1, 2]}}, 7 ]"#;
-    let out = normalize_items(items, 0, "abc").unwrap();
-    let v: Value = serde_json::from_slice(&out).unwrap();
+    let out = normalize_items(items, "abc").unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         v,
         json!([
@@ -117,5 +121,39 @@ fn new_items_are_normalized_from_their_raw_fields() {
             7
         ])
     );
-    assert!(normalize_items(b"[{\"a\":}]", 0, "abc").is_err());
+    assert!(normalize_items(b"[{\"a\":}]", "abc").is_err());
+}
+
+#[test]
+fn a_string_input_is_stored_as_its_one_message_would_be() {
+    for text in [
+        r#""hola, ¿qué tal?""#,
+        r#""a \"quoted\" \u00e9 line\n""#,
+        r#""""#,
+    ] {
+        let raw: &RawValue = serde_json::from_str(text).unwrap();
+        let mut direct = String::from("[");
+        push_text_input(raw, "abc", &mut direct);
+        direct.push(']');
+        let as_item = format!(r#"[{{"type":"message","role":"user","content":{text}}}]"#);
+        assert_eq!(
+            direct,
+            normalize_items(as_item.as_bytes(), "abc").unwrap(),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn new_items_follow_earlier_ones_with_a_comma() {
+    let mut out = String::from(r#"[{"id":"old"}"#);
+    push_new_items(r#"[{"id":"n1"}, 3]"#, "abc", &mut out).unwrap();
+    let raw: &RawValue = serde_json::from_str(r#""x""#).unwrap();
+    push_text_input(raw, "abd", &mut out);
+    out.push(']');
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["id"], "old");
+    assert_eq!(v[1]["id"], "n1");
+    assert_eq!(v[2], 3);
+    assert_eq!(v[3]["id"], "msg_abd_in0");
 }
