@@ -16,6 +16,8 @@
 //!   prefill, stream options).
 //! - [`upstream_error`]: upstream error bodies → client errors.
 //! - [`json_scan`]: an incremental JSON syntax check for streamed tool arguments.
+//! - [`chunk_parts`]: what the messages and Responses streams do alike with an upstream chunk
+//!   (which parts reach the format's writer, metering before usage, the held finish).
 //! - [`tool_calls`]: the upstream's streamed tool calls, tracked for the messages and Responses
 //!   stream translators (which call a fragment belongs to, held fragments, start order).
 //! - [`image_url`]: which image URLs may be forwarded to the upstream (SSRF guard).
@@ -23,6 +25,7 @@
 
 pub mod base64;
 pub mod chat;
+pub mod chunk_parts;
 pub mod image_url;
 pub mod json_scan;
 pub mod messages;

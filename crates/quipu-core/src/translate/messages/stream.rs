@@ -62,6 +62,7 @@ use crate::protocol::anthropic_out::{
     StreamEvent, UsageOut,
 };
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
+use crate::translate::chunk_parts::{self, ChunkParts, Metered};
 use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
 use crate::translate::{
     json_failure, malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
@@ -100,12 +101,8 @@ pub struct MessagesStream {
     next_index: u32,
     calls: ToolCalls,
     held: Option<Held>,
-    /// An error that came with the finish, written once usage is known (module docs, 6).
-    held_error: Option<ApiError>,
-    usage: Option<Usage>,
-    /// Non-empty fragments received since the last chunk that carried usage: the fallback
-    /// count of output tokens the upstream has not reported.
-    fragments_since_usage: u64,
+    /// Usage, and an error that came with the finish (module docs, 6).
+    metered: Metered,
     end: StreamEnd,
     error: Option<ApiError>,
 }
@@ -120,9 +117,7 @@ impl MessagesStream {
             next_index: 0,
             calls: ToolCalls::new(Whitespace::SkipBlankLead),
             held: None,
-            held_error: None,
-            usage: None,
-            fragments_since_usage: 0,
+            metered: Metered::default(),
             end: StreamEnd::Open,
             error: None,
         }
@@ -193,24 +188,6 @@ impl MessagesStream {
         .write(out);
     }
 
-    fn thinking(&mut self, text: &str, out: &mut Vec<u8>) {
-        if self.open != Open::Thinking {
-            let empty = BlockStart::Thinking {
-                thinking: "",
-                signature: "",
-            };
-            self.open_block(Open::Thinking, empty, out);
-        }
-        self.delta(BlockDelta::ThinkingDelta { thinking: text }, out);
-    }
-
-    fn text(&mut self, text: &str, out: &mut Vec<u8>) {
-        if self.open != Open::Text {
-            self.open_block(Open::Text, BlockStart::Text { text: "" }, out);
-        }
-        self.delta(BlockDelta::TextDelta { text }, out);
-    }
-
     fn input_json(&self, fragment: &str, out: &mut Vec<u8>) {
         self.delta(
             BlockDelta::InputJsonDelta {
@@ -250,6 +227,60 @@ impl MessagesStream {
         }
     }
 
+    /// Starts (and so flushes) tool calls still waiting — for a name, or for the open call to
+    /// complete: the generation is over.
+    fn flush_pending_tools(&mut self, out: &mut Vec<u8>) {
+        while let Some(slot) = self.calls.next_waiting() {
+            self.start_tool(slot, out);
+        }
+    }
+
+    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
+        let chunk: ChatChunk<'_> = serde_json::from_slice(data)
+            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
+        if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
+            return Err(upstream_error(data, &self.ctx));
+        }
+        let chunk_usage = chunk.usage();
+        self.ensure_started(out, chunk_usage.as_ref());
+        chunk_parts::dispatch(self, &chunk, chunk_usage, out)
+    }
+
+    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
+        let error = scrub_error(error, &self.ctx);
+        error.write_sse(ClientFormat::Messages, &self.ctx.request_id, out);
+        self.error = Some(error);
+        self.end = StreamEnd::Failed;
+    }
+}
+
+impl ChunkParts for MessagesStream {
+    fn metered(&mut self) -> &mut Metered {
+        &mut self.metered
+    }
+
+    fn finished(&self) -> bool {
+        self.held.is_some()
+    }
+
+    fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.open != Open::Thinking {
+            let empty = BlockStart::Thinking {
+                thinking: "",
+                signature: "",
+            };
+            self.open_block(Open::Thinking, empty, out);
+        }
+        self.delta(BlockDelta::ThinkingDelta { thinking: text }, out);
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.open != Open::Text {
+            self.open_block(Open::Text, BlockStart::Text { text: "" }, out);
+        }
+        self.delta(BlockDelta::TextDelta { text }, out);
+    }
+
     /// One entry of `delta.tool_calls`.
     fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
         let mut step = self
@@ -265,14 +296,6 @@ impl MessagesStream {
         Ok(())
     }
 
-    /// Starts (and so flushes) tool calls still waiting — for a name, or for the open call to
-    /// complete: the generation is over.
-    fn flush_pending_tools(&mut self, out: &mut Vec<u8>) {
-        while let Some(slot) = self.calls.next_waiting() {
-            self.start_tool(slot, out);
-        }
-    }
-
     /// The finish chunk: hold `message_delta`, or the error the finish amounts to.
     fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
         let had_tools = !self.calls.is_empty();
@@ -280,14 +303,14 @@ impl MessagesStream {
         let stop = match stop_reason(Some(finish), matched, had_tools) {
             Ok(stop) => stop,
             Err(e) => {
-                self.held_error = Some(e);
+                self.metered.held_error = Some(e);
                 return;
             }
         };
         self.flush_pending_tools(out);
         self.close_block(out);
         if self.calls.any_partial() {
-            self.held_error = Some(incomplete_tool_arguments(finish));
+            self.metered.held_error = Some(incomplete_tool_arguments(finish));
             return;
         }
         let stop_sequence = match stop {
@@ -298,71 +321,6 @@ impl MessagesStream {
             stop,
             stop_sequence,
         });
-    }
-
-    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let chunk: ChatChunk<'_> = serde_json::from_slice(data)
-            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
-        if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
-            return Err(upstream_error(data, &self.ctx));
-        }
-        let chunk_usage = chunk.usage();
-        self.ensure_started(out, chunk_usage.as_ref());
-        let choices = chunk.choices.as_deref().unwrap_or_default();
-        let mut fragments = 0u64;
-        let mut result = Ok(());
-        // After the finish, only usage is read: the generation is over.
-        let over = self.held.is_some() || self.held_error.is_some();
-        let choice = match over {
-            false => choices.iter().find(|c| c.index == 0),
-            true => None,
-        };
-        if let Some(choice) = choice {
-            if let Some(d) = &choice.delta {
-                if let Some(r) = d.reasoning_text() {
-                    self.thinking(r, out);
-                    fragments += 1;
-                }
-                if let Some(t) = d.content.as_deref().filter(|t| !t.is_empty()) {
-                    self.text(t, out);
-                    fragments += 1;
-                }
-                for tc in d.tool_calls.iter().flatten() {
-                    let carries = tc
-                        .function
-                        .as_ref()
-                        .and_then(|f| f.arguments.as_deref())
-                        .is_some_and(|a| !a.is_empty());
-                    fragments += u64::from(carries);
-                    if let Err(e) = self.tool_delta(tc, out) {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-            if let (Ok(()), Some(finish)) = (&result, choice.finish_reason.as_deref()) {
-                self.finish(choice, finish, out);
-            }
-        }
-        match chunk_usage {
-            Some(u) => {
-                self.usage = Some(u);
-                self.fragments_since_usage = 0;
-            }
-            None => {
-                self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments)
-            }
-        }
-        result?;
-        if choices.is_empty() && chunk.usage.is_some() {
-            if let Some(e) = self.held_error.take() {
-                return Err(e);
-            }
-            if self.held.is_some() {
-                self.complete(out);
-            }
-        }
-        Ok(())
     }
 
     /// `message_delta` with the held stop reason and the usage known, then `message_stop`.
@@ -380,13 +338,6 @@ impl MessagesStream {
         .write(out);
         StreamEvent::MessageStop.write(out);
         self.end = StreamEnd::Complete;
-    }
-
-    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
-        let error = scrub_error(error, &self.ctx);
-        error.write_sse(ClientFormat::Messages, &self.ctx.request_id, out);
-        self.error = Some(error);
-        self.end = StreamEnd::Failed;
     }
 }
 
@@ -408,7 +359,7 @@ impl StreamTranslator for MessagesStream {
         if self.end != StreamEnd::Open {
             return;
         }
-        if let Some(e) = self.held_error.take() {
+        if let Some(e) = self.metered.held_error.take() {
             self.fail(e, out);
         } else if self.held.is_some() {
             self.complete(out);
@@ -423,7 +374,11 @@ impl StreamTranslator for MessagesStream {
     fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>) {
         if self.end == StreamEnd::Open {
             // An error held from the finish is what went wrong first.
-            let e = self.held_error.take().unwrap_or_else(|| error.clone());
+            let e = self
+                .metered
+                .held_error
+                .take()
+                .unwrap_or_else(|| error.clone());
             self.fail(e, out);
         }
     }
@@ -437,13 +392,7 @@ impl StreamTranslator for MessagesStream {
     }
 
     fn usage(&self) -> Usage {
-        let reported = self.usage.unwrap_or_default();
-        Usage {
-            completion_tokens: reported
-                .completion_tokens
-                .saturating_add(self.fragments_since_usage),
-            ..reported
-        }
+        self.metered.usage()
     }
 
     fn end(&self) -> StreamEnd {

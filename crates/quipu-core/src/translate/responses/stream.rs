@@ -55,6 +55,7 @@ use super::response::status_of;
 use super::ResponsesContext;
 use crate::error::{write_json_str, ApiError, ClientFormat};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
+use crate::translate::chunk_parts::{self, ChunkParts, Metered};
 use crate::translate::json_scan::Scan;
 use crate::translate::messages::response::{
     incomplete_tool_arguments, stop_reason, upstream_error_in, StopReason,
@@ -94,10 +95,9 @@ pub struct ResponsesStream {
     calls: ToolCalls,
     /// The finish: the status the response completes with once usage is known.
     held: Option<Status>,
-    held_error: Option<ApiError>,
-    usage: Option<Usage>,
+    /// Usage, and an error that came with the finish.
+    metered: Metered,
     reported_reasoning: Option<u64>,
-    fragments_since_usage: u64,
     reasoning_bytes: usize,
     output_bytes: usize,
     end: StreamEnd,
@@ -124,10 +124,8 @@ impl ResponsesStream {
             output: Vec::new(),
             calls: ToolCalls::new(Whitespace::Trim),
             held: None,
-            held_error: None,
-            usage: None,
+            metered: Metered::default(),
             reported_reasoning: None,
-            fragments_since_usage: 0,
             reasoning_bytes: 0,
             output_bytes: 0,
             end: StreamEnd::Open,
@@ -305,60 +303,6 @@ impl ResponsesStream {
         self.open = Open::None;
     }
 
-    fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
-        if self.open != Open::Reasoning {
-            self.add_item(Open::Reasoning, out);
-            write_reasoning_item(
-                out,
-                &self.ctx,
-                self.open_index,
-                None,
-                ItemStatus::InProgress,
-            );
-            frame_close(out);
-            self.event(out, "response.content_part.added");
-            self.item_ref(out, "rs");
-            out.extend_from_slice(b",\"content_index\":0,\"part\":");
-            write_reasoning_part(out, None);
-            frame_close(out);
-        }
-        self.event(out, "response.reasoning_text.delta");
-        self.item_ref(out, "rs");
-        out.extend_from_slice(b",\"content_index\":0,\"delta\":");
-        write_json_str(out, text);
-        frame_close(out);
-        self.text.push_str(text);
-        self.reasoning_bytes += text.len();
-        self.output_bytes += text.len();
-    }
-
-    fn message(&mut self, text: &str, out: &mut Vec<u8>) {
-        if self.open != Open::Message {
-            self.add_item(Open::Message, out);
-            write_message_item(
-                out,
-                &self.ctx,
-                self.open_index,
-                None,
-                ItemStatus::InProgress,
-            );
-            frame_close(out);
-            self.event(out, "response.content_part.added");
-            self.item_ref(out, "msg");
-            out.extend_from_slice(b",\"content_index\":0,\"part\":");
-            write_text_part(out, None);
-            frame_close(out);
-        }
-        self.event(out, "response.output_text.delta");
-        self.item_ref(out, "msg");
-        out.extend_from_slice(b",\"content_index\":0,\"delta\":");
-        write_json_str(out, text);
-        out.extend_from_slice(b",\"logprobs\":[]");
-        frame_close(out);
-        self.text.push_str(text);
-        self.output_bytes += text.len();
-    }
-
     /// `response.function_call_arguments.delta` for the open call.
     fn arguments_delta(&mut self, fragment: &str, out: &mut Vec<u8>) {
         self.event(out, "response.function_call_arguments.delta");
@@ -407,6 +351,110 @@ impl ResponsesStream {
         self.output_bytes += fragment.len();
     }
 
+    /// Starts the calls still waiting: the generation is over.
+    fn flush_pending_calls(&mut self, out: &mut Vec<u8>) {
+        while let Some(slot) = self.calls.next_waiting() {
+            self.start_call(slot, out);
+        }
+    }
+
+    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
+        let chunk: ChatChunk<'_> = serde_json::from_slice(data)
+            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
+        if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
+            return Err(upstream_error_in(
+                data,
+                &self.ctx.base,
+                ClientFormat::Responses,
+            ));
+        }
+        self.ensure_started(out);
+        let chunk_usage = chunk.usage();
+        chunk_parts::dispatch(self, &chunk, chunk_usage, out)
+    }
+
+    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
+        let error = scrub_error(error, &self.ctx.base);
+        self.ensure_started(out);
+        self.event(out, "error");
+        out.push(b',');
+        error.write_responses_fields(out);
+        frame_close(out);
+        self.lifecycle(out, "response.failed", Status::Failed, Some(&error));
+        self.error = Some(error);
+        self.end = StreamEnd::Failed;
+    }
+}
+
+impl ChunkParts for ResponsesStream {
+    fn metered(&mut self) -> &mut Metered {
+        &mut self.metered
+    }
+
+    fn finished(&self) -> bool {
+        self.held.is_some()
+    }
+
+    fn usage_reported(&mut self, chunk: &ChatChunk<'_>) {
+        if let Some(r) = chunk.usage.as_ref().and_then(|u| u.reasoning_tokens()) {
+            self.reported_reasoning = Some(r);
+        }
+    }
+
+    fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.open != Open::Reasoning {
+            self.add_item(Open::Reasoning, out);
+            write_reasoning_item(
+                out,
+                &self.ctx,
+                self.open_index,
+                None,
+                ItemStatus::InProgress,
+            );
+            frame_close(out);
+            self.event(out, "response.content_part.added");
+            self.item_ref(out, "rs");
+            out.extend_from_slice(b",\"content_index\":0,\"part\":");
+            write_reasoning_part(out, None);
+            frame_close(out);
+        }
+        self.event(out, "response.reasoning_text.delta");
+        self.item_ref(out, "rs");
+        out.extend_from_slice(b",\"content_index\":0,\"delta\":");
+        write_json_str(out, text);
+        frame_close(out);
+        self.text.push_str(text);
+        self.reasoning_bytes += text.len();
+        self.output_bytes += text.len();
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<u8>) {
+        if self.open != Open::Message {
+            self.add_item(Open::Message, out);
+            write_message_item(
+                out,
+                &self.ctx,
+                self.open_index,
+                None,
+                ItemStatus::InProgress,
+            );
+            frame_close(out);
+            self.event(out, "response.content_part.added");
+            self.item_ref(out, "msg");
+            out.extend_from_slice(b",\"content_index\":0,\"part\":");
+            write_text_part(out, None);
+            frame_close(out);
+        }
+        self.event(out, "response.output_text.delta");
+        self.item_ref(out, "msg");
+        out.extend_from_slice(b",\"content_index\":0,\"delta\":");
+        write_json_str(out, text);
+        out.extend_from_slice(b",\"logprobs\":[]");
+        frame_close(out);
+        self.text.push_str(text);
+        self.output_bytes += text.len();
+    }
+
     /// One entry of `delta.tool_calls`.
     fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
         let mut step = self
@@ -422,102 +470,24 @@ impl ResponsesStream {
         Ok(())
     }
 
-    /// Starts the calls still waiting: the generation is over.
-    fn flush_pending_calls(&mut self, out: &mut Vec<u8>) {
-        while let Some(slot) = self.calls.next_waiting() {
-            self.start_call(slot, out);
-        }
-    }
-
     /// The finish chunk: close the items and hold the end (or the error the finish is).
     fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
         let had_tools = !self.calls.is_empty();
         let stop = match stop_reason(Some(finish), choice.matched_stop_string(), had_tools) {
             Ok(stop) => stop,
             Err(e) => {
-                self.held_error = Some(e);
+                self.metered.held_error = Some(e);
                 return;
             }
         };
         if self.calls.any_partial() && stop != StopReason::MaxTokens {
-            self.held_error = Some(incomplete_tool_arguments(finish));
+            self.metered.held_error = Some(incomplete_tool_arguments(finish));
             return;
         }
         let status = status_of(stop);
         self.flush_pending_calls(out);
         self.close_item(out, matches!(status, Status::Incomplete(_)));
         self.held = Some(status);
-    }
-
-    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let chunk: ChatChunk<'_> = serde_json::from_slice(data)
-            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
-        if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
-            return Err(upstream_error_in(
-                data,
-                &self.ctx.base,
-                ClientFormat::Responses,
-            ));
-        }
-        self.ensure_started(out);
-        let chunk_usage = chunk.usage();
-        let choices = chunk.choices.as_deref().unwrap_or_default();
-        let mut fragments = 0u64;
-        let mut result = Ok(());
-        let over = self.held.is_some() || self.held_error.is_some();
-        let choice = match over {
-            false => choices.iter().find(|c| c.index == 0),
-            true => None,
-        };
-        if let Some(choice) = choice {
-            if let Some(d) = &choice.delta {
-                if let Some(r) = d.reasoning_text() {
-                    self.reasoning(r, out);
-                    fragments += 1;
-                }
-                if let Some(t) = d.content.as_deref().filter(|t| !t.is_empty()) {
-                    self.message(t, out);
-                    fragments += 1;
-                }
-                for tc in d.tool_calls.iter().flatten() {
-                    let carries = tc
-                        .function
-                        .as_ref()
-                        .and_then(|f| f.arguments.as_deref())
-                        .is_some_and(|a| !a.is_empty());
-                    fragments += u64::from(carries);
-                    if let Err(e) = self.tool_delta(tc, out) {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-            if let (Ok(()), Some(finish)) = (&result, choice.finish_reason.as_deref()) {
-                self.finish(choice, finish, out);
-            }
-        }
-        match chunk_usage {
-            Some(u) => {
-                self.usage = Some(u);
-                self.fragments_since_usage = 0;
-                if let Some(r) = chunk.usage.as_ref().and_then(|u| u.reasoning_tokens()) {
-                    self.reported_reasoning = Some(r);
-                }
-            }
-            None => {
-                self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments)
-            }
-        }
-        result?;
-        if choices.is_empty() && chunk.usage.is_some() {
-            if let Some(e) = self.held_error.take() {
-                return Err(e);
-            }
-            if self.held.is_some() {
-                self.complete(out);
-            }
-        }
-        Ok(())
     }
 
     /// `response.completed` or `response.incomplete`, with every item and the usage.
@@ -531,18 +501,6 @@ impl ResponsesStream {
         };
         self.lifecycle(out, name, status, None);
         self.end = StreamEnd::Complete;
-    }
-
-    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
-        let error = scrub_error(error, &self.ctx.base);
-        self.ensure_started(out);
-        self.event(out, "error");
-        out.push(b',');
-        error.write_responses_fields(out);
-        frame_close(out);
-        self.lifecycle(out, "response.failed", Status::Failed, Some(&error));
-        self.error = Some(error);
-        self.end = StreamEnd::Failed;
     }
 }
 
@@ -564,7 +522,7 @@ impl StreamTranslator for ResponsesStream {
         if self.end != StreamEnd::Open {
             return;
         }
-        if let Some(e) = self.held_error.take() {
+        if let Some(e) = self.metered.held_error.take() {
             self.fail(e, out);
         } else if self.held.is_some() {
             self.complete(out);
@@ -578,7 +536,11 @@ impl StreamTranslator for ResponsesStream {
 
     fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>) {
         if self.end == StreamEnd::Open {
-            let e = self.held_error.take().unwrap_or_else(|| error.clone());
+            let e = self
+                .metered
+                .held_error
+                .take()
+                .unwrap_or_else(|| error.clone());
             self.fail(e, out);
         }
     }
@@ -587,13 +549,7 @@ impl StreamTranslator for ResponsesStream {
     fn on_idle(&mut self, _out: &mut Vec<u8>) {}
 
     fn usage(&self) -> Usage {
-        let reported = self.usage.unwrap_or_default();
-        Usage {
-            completion_tokens: reported
-                .completion_tokens
-                .saturating_add(self.fragments_since_usage),
-            ..reported
-        }
+        self.metered.usage()
     }
 
     fn end(&self) -> StreamEnd {
