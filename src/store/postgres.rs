@@ -218,6 +218,17 @@ impl From<StoreError> for PgErr {
 
 type PgResult<T> = Result<T, PgErr>;
 
+/// A read-only snapshot: every query in it sees the same committed state (a statement, an
+/// account view, a list).
+async fn snapshot(client: &mut Client) -> PgResult<tokio_postgres::Transaction<'_>> {
+    Ok(client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?)
+}
+
 fn is_retryable(e: &tokio_postgres::Error) -> bool {
     matches!(
         e.code(),

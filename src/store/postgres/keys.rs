@@ -11,7 +11,7 @@ use crate::store::rows::{
 };
 use crate::store::{now_ms, ActiveKey, KeyInfo, NewKey, StoreError, TenantId};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, IsolationLevel, SimpleQueryMessage, Transaction};
+use tokio_postgres::{Client, SimpleQueryMessage, Transaction};
 
 pub(super) async fn bump_keys_version(tx: &Transaction<'_>) -> PgResult<()> {
     tx.execute_typed(
@@ -93,12 +93,7 @@ pub(super) async fn list_keys_q(
     client: &mut Client,
     tenant: Option<TenantId>,
 ) -> PgResult<Vec<KeyInfo>> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = super::snapshot(client).await?;
     if let Some(t) = tenant {
         tx.query_typed_opt("SELECT 1 FROM tenants WHERE id = $1", &[(&t, Type::INT8)])
             .await?
@@ -149,12 +144,7 @@ pub(super) async fn keys_version_q(client: &mut Client) -> PgResult<i64> {
 }
 
 pub(super) async fn active_keys_q(client: &mut Client) -> PgResult<(i64, Vec<ActiveKey>)> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = super::snapshot(client).await?;
     let version: i64 = tx
         .query_typed_one("SELECT value FROM meta WHERE key = 'keys_version'", &[])
         .await?

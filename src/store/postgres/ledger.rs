@@ -3,7 +3,7 @@
 //! tenants as `balances` describes), rows set aside as rejected, a tenant's statement and the
 //! raw rows. Sums are `SUM(bigint)`, an exact NUMERIC read as text: no overflow, no float.
 
-use super::{usage, PgResult};
+use super::{tenants, usage, PgResult};
 use crate::money::Pen;
 use crate::store::columns::{names, pg_placeholders, unnest, LEDGER_COLUMNS, REJECT_COLUMNS};
 use crate::store::rows::{
@@ -12,12 +12,12 @@ use crate::store::rows::{
 use crate::store::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    LedgerRow, ModelTotals, RejectedRow, Statement, StoreResult, Tenant, TenantId, TopUp, UnixMs,
+    LedgerRow, ModelTotals, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
 };
 use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::Client;
 
 /// Request rows as one array per column (see `columns`), for one multi-row insert.
 pub(super) fn batch_of(rows: &[LedgerRow]) -> StoreResult<LedgerBatch> {
@@ -158,19 +158,8 @@ pub(super) async fn statement_q(
     to: Option<UnixMs>,
 ) -> PgResult<Statement> {
     let (lo, hi) = period_bounds(from, to);
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
-    let t = tx
-        .query_typed_opt(
-            "SELECT id, name, created_at, balance::text FROM tenants WHERE id = $1",
-            &[(&tenant, Type::INT8)],
-        )
-        .await?
-        .ok_or_else(|| tenant_missing(tenant))?;
+    let tx = super::snapshot(client).await?;
+    let (t, balance) = tenants::tenant_with_balance(&tx, tenant).await?;
     // SUM(bigint) is an exact NUMERIC: no overflow, no float.
     let models = tx
         .query_typed(
@@ -213,16 +202,12 @@ pub(super) async fn statement_q(
         });
     }
     Ok(Statement {
-        tenant: Tenant {
-            id: t.try_get(0)?,
-            name: t.try_get(1)?,
-            created_at: t.try_get(2)?,
-        },
+        tenant: t,
         from,
         to,
         total_charges: per_model.iter().map(|m| m.charge).sum(),
         total_top_ups: ups.iter().map(|u| u.amount).sum(),
-        balance: pen_from_text(&t.try_get::<_, String>(3)?, "tenants.balance")?,
+        balance,
         per_model,
         top_ups: ups,
     })

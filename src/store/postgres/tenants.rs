@@ -4,11 +4,12 @@
 
 use super::keys::bump_keys_version;
 use super::PgResult;
-use crate::store::rows::{conflict_if_unique, Taken};
+use crate::money::Pen;
+use crate::store::rows::{conflict_if_unique, tenant_missing, Taken};
 use crate::store::sql_money::{i64_to_u64, pen_from_text};
-use crate::store::{now_ms, Tenant, TenantSummary};
+use crate::store::{now_ms, Tenant, TenantId, TenantSummary};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::{Client, Transaction};
 
 pub(super) async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResult<Tenant> {
     let now = now_ms();
@@ -48,12 +49,7 @@ pub(super) async fn tenant_by_name_q(client: &mut Client, name: &str) -> PgResul
 }
 
 pub(super) async fn list_tenants_q(client: &mut Client) -> PgResult<Vec<TenantSummary>> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = super::snapshot(client).await?;
     let rows = tx
         .query_typed(
             "SELECT t.id, t.name, t.created_at, t.balance::text,
@@ -79,4 +75,26 @@ pub(super) async fn list_tenants_q(client: &mut Client) -> PgResult<Vec<TenantSu
         });
     }
     Ok(out)
+}
+
+/// A tenant and its balance, read in `tx`.
+pub(super) async fn tenant_with_balance(
+    tx: &Transaction<'_>,
+    tenant: TenantId,
+) -> PgResult<(Tenant, Pen)> {
+    let t = tx
+        .query_typed_opt(
+            "SELECT id, name, created_at, balance::text FROM tenants WHERE id = $1",
+            &[(&tenant, Type::INT8)],
+        )
+        .await?
+        .ok_or_else(|| tenant_missing(tenant))?;
+    Ok((
+        Tenant {
+            id: t.try_get(0)?,
+            name: t.try_get(1)?,
+            created_at: t.try_get(2)?,
+        },
+        pen_from_text(&t.try_get::<_, String>(3)?, "tenants.balance")?,
+    ))
 }

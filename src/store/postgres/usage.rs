@@ -2,20 +2,20 @@
 //! `store::usage`). Sums are `NUMERIC`, read as text: exact, never a float.
 
 // `with_retry!` names these where it is used.
-use super::{is_retryable, PgErr, PgResult, PgStore, MAX_RETRIES};
+use super::{is_retryable, tenants, PgErr, PgResult, PgStore, MAX_RETRIES};
 use crate::money::Pen;
 use crate::store::columns::{names, LEDGER_COLUMNS};
-use crate::store::rows::{limits_from_sql, tenant_missing, RawLedgerRow};
+use crate::store::rows::{limits_from_sql, RawLedgerRow};
 use crate::store::sql_money::{count_from_text, i64_to_u64, pen_from_text};
 use crate::store::usage::{
     AccountFacts, GroupKey, Grouping, KeyUsage, Rollup, TimeCursor, UsageGroup, UsageQuery,
     UsageStore, UsageTotals,
 };
-use crate::store::{KeyInfo, LedgerRow, StoreResult, Tenant, TenantId, TopUp};
+use crate::store::{KeyInfo, LedgerRow, StoreResult, TenantId, TopUp};
 use async_trait::async_trait;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
+use tokio_postgres::{Client, Row, Transaction};
 
 /// Adds a batch's new rows to the roll-ups, inside `record`'s transaction: one statement per
 /// table, whatever the batch.
@@ -262,19 +262,8 @@ async fn account_q(
     tenant: TenantId,
     key: Option<&str>,
 ) -> PgResult<AccountFacts> {
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
-    let t = tx
-        .query_typed_opt(
-            "SELECT id, name, created_at, balance::text FROM tenants WHERE id = $1",
-            &[(&tenant, Type::INT8)],
-        )
-        .await?
-        .ok_or_else(|| tenant_missing(tenant))?;
+    let tx = super::snapshot(client).await?;
+    let (t, balance) = tenants::tenant_with_balance(&tx, tenant).await?;
     let all = tx
         .query_typed_one(
             "SELECT SUM(requests)::bigint, SUM(input_tokens)::text, SUM(cached_tokens)::text,
@@ -295,12 +284,8 @@ async fn account_q(
     };
     tx.commit().await?;
     Ok(AccountFacts {
-        tenant: Tenant {
-            id: t.try_get(0)?,
-            name: t.try_get(1)?,
-            created_at: t.try_get(2)?,
-        },
-        balance: pen_from_text(&t.try_get::<_, String>(3)?, "tenants.balance")?,
+        tenant: t,
+        balance,
         key: key_row.as_ref().map(key_usage).transpose()?,
         totals: totals_at(&all, 0)?,
     })

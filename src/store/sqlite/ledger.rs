@@ -4,19 +4,17 @@
 //! `sql_money`), so they can neither overflow nor become floats.
 
 use super::balances::{read_balance, read_leases, write_balance, write_lease};
-use super::{read_tx, sql_err, usage, write_tx};
+use super::{read_tx, sql_err, tenants, usage, write_tx};
 use crate::money::Pen;
 use crate::store::columns::{names, sqlite_placeholders, LEDGER_COLUMNS, REJECT_COLUMNS};
-use crate::store::rows::{period_bounds, tenant_missing, RawLedgerRow};
-use crate::store::sql_money::{
-    i128_to_u64, i64_to_u64, pen_from_text, recombine, sqlite_split_sum,
-};
+use crate::store::rows::{period_bounds, RawLedgerRow};
+use crate::store::sql_money::{i128_to_u64, i64_to_u64, recombine, sqlite_split_sum};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    LedgerRow, ModelTotals, RejectedRow, Statement, StoreResult, Tenant, TenantId, TopUp, UnixMs,
+    LedgerRow, ModelTotals, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
 };
 use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
@@ -123,24 +121,7 @@ pub(super) fn statement(
 ) -> StoreResult<Statement> {
     let (lo, hi) = period_bounds(from, to);
     let tx = read_tx(conn)?;
-    let (t, balance): (Tenant, String) = tx
-        .query_row(
-            "SELECT id, name, created_at, balance FROM tenants WHERE id = ?1",
-            params![tenant],
-            |r| {
-                Ok((
-                    Tenant {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        created_at: r.get(2)?,
-                    },
-                    r.get(3)?,
-                ))
-            },
-        )
-        .optional()
-        .map_err(sql_err)?
-        .ok_or_else(|| tenant_missing(tenant))?;
+    let (t, balance) = tenants::tenant_with_balance(&tx, tenant)?;
     let mut per_model = Vec::new();
     {
         let mut stmt = tx
@@ -207,7 +188,7 @@ pub(super) fn statement(
     Ok(Statement {
         total_charges: per_model.iter().map(|m| m.charge).sum(),
         total_top_ups: top_ups.iter().map(|t| t.amount).sum(),
-        balance: pen_from_text(&balance, "tenants.balance")?,
+        balance,
         tenant: t,
         from,
         to,

@@ -5,10 +5,10 @@
 use super::keys::bump_keys_version;
 use super::{read_tx, sql_err, write_tx};
 use crate::money::Pen;
-use crate::store::rows::{conflict_if_unique, Taken};
+use crate::store::rows::{conflict_if_unique, tenant_missing, Taken};
 use crate::store::sql_money::{i64_to_u64, pen_from_text};
 use crate::store::{now_ms, StoreResult, Tenant, TenantId, TenantSummary};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use std::collections::HashMap;
 
 pub(super) fn create_tenant(conn: &mut Connection, name: String) -> StoreResult<Tenant> {
@@ -92,4 +92,31 @@ pub(super) fn list_tenants(conn: &mut Connection) -> StoreResult<Vec<TenantSumma
         });
     }
     Ok(out)
+}
+
+/// A tenant and its balance, read in `tx` (the snapshot a statement or an account view reads
+/// everything else in).
+pub(super) fn tenant_with_balance(
+    tx: &Transaction<'_>,
+    tenant: TenantId,
+) -> StoreResult<(Tenant, Pen)> {
+    let (t, balance): (Tenant, String) = tx
+        .query_row(
+            "SELECT id, name, created_at, balance FROM tenants WHERE id = ?1",
+            params![tenant],
+            |r| {
+                Ok((
+                    Tenant {
+                        id: r.get(0)?,
+                        name: r.get(1)?,
+                        created_at: r.get(2)?,
+                    },
+                    r.get(3)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(sql_err)?
+        .ok_or_else(|| tenant_missing(tenant))?;
+    Ok((t, pen_from_text(&balance, "tenants.balance")?))
 }

@@ -2,16 +2,16 @@
 //! `store::usage`). Sums come back as split halves (`x_hi`, `x_lo`), joined in i128 by
 //! `recombine`, so no total overflows or passes through a float.
 
-use super::{read_tx, sql_err, SqliteStore};
+use super::{read_tx, sql_err, tenants, SqliteStore};
 use crate::money::Pen;
 use crate::store::columns::{names, LEDGER_COLUMNS};
-use crate::store::rows::{limits_from_sql, tenant_missing, RawLedgerRow};
-use crate::store::sql_money::{i128_to_u64, i64_to_u64, pen_from_text, recombine};
+use crate::store::rows::{limits_from_sql, RawLedgerRow};
+use crate::store::sql_money::{i128_to_u64, i64_to_u64, recombine};
 use crate::store::usage::{
     AccountFacts, GroupKey, Grouping, KeyUsage, Rollup, TimeCursor, UsageGroup, UsageQuery,
     UsageStore, UsageTotals,
 };
-use crate::store::{KeyInfo, KeyLimits, LedgerRow, StoreResult, Tenant, TenantId, TopUp};
+use crate::store::{KeyInfo, KeyLimits, LedgerRow, StoreResult, TenantId, TopUp};
 use async_trait::async_trait;
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, OptionalExtension, Row, Transaction};
@@ -286,24 +286,7 @@ impl UsageStore for SqliteStore {
         let key = key.map(str::to_owned);
         self.run(move |conn| {
             let tx = read_tx(conn)?;
-            let (t, balance): (Tenant, String) = tx
-                .query_row(
-                    "SELECT id, name, created_at, balance FROM tenants WHERE id = ?1",
-                    params![tenant],
-                    |r| {
-                        Ok((
-                            Tenant {
-                                id: r.get(0)?,
-                                name: r.get(1)?,
-                                created_at: r.get(2)?,
-                            },
-                            r.get(3)?,
-                        ))
-                    },
-                )
-                .optional()
-                .map_err(sql_err)?
-                .ok_or_else(|| tenant_missing(tenant))?;
+            let (t, balance) = tenants::tenant_with_balance(&tx, tenant)?;
             let all = tx
                 .query_row(
                     "SELECT SUM(requests), SUM(input_hi), SUM(input_lo), SUM(cached_hi),
@@ -329,7 +312,7 @@ impl UsageStore for SqliteStore {
             };
             Ok(AccountFacts {
                 tenant: t,
-                balance: pen_from_text(&balance, "tenants.balance")?,
+                balance,
                 key,
                 totals: totals(all)?,
             })
