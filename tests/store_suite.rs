@@ -277,6 +277,7 @@ store_suite!(
     shared_rate_windows_never_grant_past_the_limit,
     a_low_balance_is_leased_in_shares,
     idle_leases_come_home_when_another_replica_is_short,
+    replicas_short_at_once_pool_their_idle_leases,
 );
 
 #[path = "store_suite/usage.rs"]
@@ -1935,4 +1936,41 @@ async fn idle_leases_come_home_when_another_replica_is_short(fx: &Fixture) {
     flush(&*sa, &a, "a-open", t, soles("0.20")).await;
     let bal = assert_leases_covered(&*sa, t, "at the end").await;
     assert_eq!(bal.balance, soles("0.20"));
+}
+
+/// Three replicas each hold an idle third of a balance and are each asked, at once, for more
+/// than their own share: each asks the others for theirs while they ask it. The money comes
+/// home and requests are admitted while it lasts — none refused while it is there.
+async fn replicas_short_at_once_pool_their_idle_leases(fx: &Fixture) {
+    let stores = [fx.open().await, fx.open().await, fx.open().await];
+    if stores[0].kind() == "sqlite" {
+        return; // One process: no channel to other replicas.
+    }
+    let t = tenant_with(&*stores[0], "acme", "1.00").await;
+    let mut replicas = Vec::new();
+    for (i, s) in stores.iter().enumerate() {
+        let acc = Accounts::new(s.clone(), format!("replica-{i}"), soles("5.00"), FENCE);
+        if let Some(signals) = s.listen_replicas().await.unwrap() {
+            tokio::spawn(acc.clone().follow_signals(signals));
+        }
+        // Each takes a lease of 0.30 (a request's need) and keeps it idle.
+        let r = acc.reserve(t, soles("0.30")).await.unwrap();
+        acc.settle(r, Pen::ZERO);
+        assert_eq!(acc.view(t).lease, soles("0.30"));
+        replicas.push(acc);
+    }
+    // 0.45 each, at once: none fits its own lease; 0.10 is unleased.
+    let asks = replicas.iter().map(|acc| acc.reserve(t, soles("0.45")));
+    let got = futures::future::join_all(asks).await;
+    let admitted = got.iter().filter(|r| r.is_ok()).count();
+    assert!(
+        admitted > 0,
+        "S/ 1.00 held idle by three replicas, three requests of 0.45 at once: all refused {got:?}"
+    );
+    for (acc, r) in replicas.iter().zip(got) {
+        if let Ok(r) = r {
+            acc.settle(r, Pen::ZERO);
+        }
+    }
+    assert_leases_covered(&*stores[0], t, "after the race").await;
 }

@@ -247,7 +247,7 @@ impl Accounts {
             return Ok(reservation());
         }
         let deadline = tokio::time::Instant::now() + LEASE_CALL_TIMEOUT;
-        let _serial = tokio::time::timeout_at(deadline, acct.lease_lock.lock())
+        let serial = tokio::time::timeout_at(deadline, acct.lease_lock.lock())
             .await
             .map_err(|_| timed_out())?;
         let headroom = match self.try_reserve(&acct, amount) {
@@ -284,7 +284,7 @@ impl Accounts {
             return Ok(reservation());
         }
         if grant.elsewhere > Pen::ZERO
-            && self.recall(&acct, tenant, amount, deadline).await? == Some(true)
+            && self.recall(&acct, tenant, amount, deadline, serial).await? == Some(true)
         {
             return Ok(reservation());
         }
@@ -339,12 +339,19 @@ impl Accounts {
     /// again each time one says it did, until `amount` fits or [`RECALL_WAIT`] is over.
     /// `Some(true)`: it fits now (reserved); `Some(false)`/`None`: still short (`None` when the
     /// store has no channel to the other replicas).
+    ///
+    /// `serial` (the tenant's lease lock) is let go while it waits: replicas short at the same
+    /// moment ask each other, and [`Accounts::give_back_idle`] returns only a lease whose lock
+    /// is free — held, every one of them would wait out [`RECALL_WAIT`] and refuse while
+    /// together they held enough. Let go, each returns what it holds idle, the money pools in
+    /// the store, and the first to ask again takes what its request needs.
     async fn recall(
         &self,
         acct: &Account,
         tenant: TenantId,
         amount: Pen,
         deadline: tokio::time::Instant,
+        serial: tokio::sync::MutexGuard<'_, ()>,
     ) -> Result<Option<bool>, Refusal> {
         let until = tokio::time::Instant::now() + RECALL_WAIT;
         let until = until.min(deadline);
@@ -367,6 +374,7 @@ impl Accounts {
             }
             Err(_) => return Ok(None),
         }
+        drop(serial);
         loop {
             if tokio::time::timeout_at(until, returned.as_mut())
                 .await
@@ -376,6 +384,12 @@ impl Accounts {
             }
             returned.set(acct.returned.notified());
             returned.as_mut().enable();
+            let _serial = tokio::time::timeout_at(deadline, acct.lease_lock.lock())
+                .await
+                .map_err(|_| timed_out())?;
+            if self.try_reserve(acct, amount).is_ok() {
+                return Ok(Some(true));
+            }
             let (flushes, local, headroom) = {
                 let s = acct.state.lock();
                 (s.flushes, s.lease, s.headroom())
@@ -465,15 +479,18 @@ impl Accounts {
 
     /// Gives back the part of this replica's lease on `tenant` that nothing here needs (the
     /// lease minus open reservations and unwritten charges), at once: another replica asked
-    /// for it (see the module docs). Returns what was given back. A tenant whose lease lock is
-    /// busy is skipped (this replica is acquiring lease for it: it needs its money itself).
-    /// As in [`Accounts::return_idle_leases`], the local lease is lowered first, under the
-    /// state lock, so admission cannot reserve against money being given back.
+    /// for it (see the module docs). Returns what was given back. It waits for the tenant's
+    /// lease lock (at most [`RECALL_WAIT`], after which the asker has given up): a request of
+    /// this replica holds it for one store call, and lets it go while it waits for leases
+    /// itself — so replicas short at the same moment each return what they hold idle instead
+    /// of each keeping it for itself. As in [`Accounts::return_idle_leases`], the local lease
+    /// is lowered first, under the state lock, so admission cannot reserve against money being
+    /// given back.
     pub async fn give_back_idle(&self, tenant: TenantId) -> Pen {
         let Some(acct) = self.accounts.lock().get(&tenant).cloned() else {
             return Pen::ZERO;
         };
-        let Ok(_serial) = acct.lease_lock.try_lock() else {
+        let Ok(_serial) = tokio::time::timeout(RECALL_WAIT, acct.lease_lock.lock()).await else {
             return Pen::ZERO;
         };
         let give_back = {
