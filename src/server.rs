@@ -329,7 +329,16 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
             accounts.clone(),
         );
         let mut svc = Service::new("quipu admin".into(), HttpServer::new_app(admin));
-        svc.add_tcp(&config.server.admin_listen.to_string());
+        let addr = config.server.admin_listen.to_string();
+        match (&certs, config.server.admin_tls) {
+            (Some(certs), true) => {
+                let settings = certs
+                    .listener_settings()
+                    .map_err(|e| format!("server.admin_tls: {e}"))?;
+                svc.add_tls_with_settings(&addr, None, settings);
+            }
+            _ => svc.add_tcp(&addr),
+        }
         svc.threads = Some(1);
         server.add_service(svc);
     }
@@ -346,7 +355,8 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         },
         config.server.metrics_listen,
         if config.server.admin_token.is_some() {
-            config.server.admin_listen.to_string()
+            let tls = if config.server.admin_tls { ", TLS" } else { "" };
+            format!("{}{tls}", config.server.admin_listen)
         } else {
             "off".into()
         },

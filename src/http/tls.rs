@@ -20,9 +20,15 @@
 //! certificate and open connections keep theirs. A pair that does not load, or whose key does
 //! not match the certificate, is refused and the old one stays. `quipu serve` reloads on
 //! `SIGHUP` and when the files change (see `crate::server`).
+//!
+//! **The admin listener** (`server.admin_tls`) is pingora's own TLS listener with the same
+//! [`CertStore`] as its resolver ([`CertStore::listener_settings`]), so it is reloaded with the
+//! API's. What the paragraph above avoids is acceptable there: it serves a handful of operator
+//! requests on an internal address, not the internet.
 
 use arc_swap::ArcSwap;
-use pingora::listeners::tls::Acceptor;
+use pingora::listeners::tls::{Acceptor, TlsSettings};
+use pingora::protocols::ALPN;
 use pingora::tls::{
     load_certs_and_key_files, sign::CertifiedKey, version, ClientHello, CryptoProvider,
     ResolvesServerCert, ServerConfig,
@@ -130,6 +136,21 @@ impl CertStore {
             vec![b"http/1.1".to_vec()]
         };
         Acceptor::from_server_config(Arc::new(config))
+    }
+}
+
+impl CertStore {
+    /// Settings for pingora's TLS listener serving this certificate (and its reloads): TLS 1.2
+    /// and 1.3, HTTP/1.1 only.
+    pub fn listener_settings(self: &Arc<Self>) -> Result<TlsSettings, TlsError> {
+        // The paths are not read: a resolver replaces them.
+        let (cert, key) = self.paths();
+        let mut settings =
+            TlsSettings::intermediate(&cert.to_string_lossy(), &key.to_string_lossy())
+                .map_err(|e| TlsError(e.to_string()))?;
+        settings.set_cert_resolver(Arc::new(Resolver(self.clone())));
+        settings.set_alpn(ALPN::H1);
+        Ok(settings)
     }
 }
 

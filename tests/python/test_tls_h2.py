@@ -6,6 +6,7 @@ request billed exactly as over plain HTTP/1.1."""
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import re
 import signal
@@ -21,7 +22,7 @@ import httpx2
 import openai
 import pytest
 
-from harness import Gateway, Sim, http_json, wait_until
+from harness import ADMIN_TOKEN, Gateway, Sim, http_json, wait_until
 from tls_support import (
     CANCEL,
     H2Frames,
@@ -29,6 +30,7 @@ from tls_support import (
     TlsGateway,
     billing_problems,
     client_hello,
+    https_json,
     peer_serial,
     picos,
     read_until_closed,
@@ -469,6 +471,33 @@ def test_certificate_reload_under_traffic(workdir, transport):
 
 
 # --- 6. protocol versions and ALPN ------------------------------------------------------------
+
+
+def test_the_admin_listener_over_tls_with_the_apis_certificate(workdir, transport):
+    """`admin_tls = true`: the admin API answers over TLS (and not in plain HTTP), with the API
+    listener's certificate, and a reload replaces it on both listeners."""
+    _, _, sim, _ = transport
+    ca = TestCA(workdir, "admin")
+    first, second = ca.issue("admin-first"), ca.issue("admin-second")
+    gw = TlsGateway(workdir, {"colibri": [sim.api_base]}, ca, first, name="quipu-admin-tls",
+                    server_extra="admin_tls = true").start()
+    try:
+        admin = f"https://localhost:{gw.admin_port}"
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        status, body, _ = https_json("GET", admin + "/admin/tenants", ca.context(), headers=auth)
+        assert status == 200, body
+        assert https_json("GET", admin + "/admin/tenants", ca.context())[0] == 401
+        with pytest.raises((OSError, http.client.HTTPException)):
+            conn = http.client.HTTPConnection("127.0.0.1", gw.admin_port, timeout=5)
+            conn.request("GET", "/admin/tenants", headers=auth)
+            conn.getresponse().read()
+        assert peer_serial(gw.admin_port, ca.context()) == first.serial
+        second.install(gw.cert_path, gw.key_path)
+        gw.process.send_signal(signal.SIGHUP)
+        wait_until(lambda: peer_serial(gw.port, ca.context()) == second.serial, 3, "the API's new certificate")
+        assert peer_serial(gw.admin_port, ca.context()) == second.serial
+    finally:
+        assert gw.stop() == 0, gw.process.tail()
 
 
 def handshake(port: int, ctx: ssl.SSLContext) -> ssl.SSLSocket:

@@ -70,6 +70,8 @@ pub struct RawServer {
     pub access_log: bool,
     /// TLS on the API listener: `{ cert = "…pem", key = "…pem" }` (PEM chain and key).
     pub tls: Option<RawTls>,
+    /// Serve the admin listener over TLS too, with the same certificate (needs `tls`).
+    pub admin_tls: bool,
     /// A TLS handshake must finish within this long (and within `header_timeout_ms`).
     pub tls_handshake_timeout_ms: u64,
     /// Offer HTTP/2 (ALPN `h2`) on the TLS listener.
@@ -134,6 +136,7 @@ impl Default for RawServer {
             replica_id: None,
             access_log: true,
             tls: None,
+            admin_tls: false,
             tls_handshake_timeout_ms: 10_000,
             http2: true,
             h2c: true,

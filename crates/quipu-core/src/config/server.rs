@@ -35,6 +35,8 @@ pub struct Server {
     pub access_log: bool,
     /// TLS on the API listener (the files are read, and reread on reload, by `quipu serve`).
     pub tls: Option<TlsFiles>,
+    /// The admin listener serves TLS with the same certificate.
+    pub admin_tls: bool,
     pub tls_handshake_timeout: Duration,
     pub http2: bool,
     pub h2c: bool,
@@ -200,6 +202,13 @@ pub(super) fn validate_server(
             key: key.into(),
         }
     });
+    if s.admin_tls && tls.is_none() {
+        errs.push(
+            "server.admin_tls serves the admin listener with the API listener's certificate: \
+             set server.tls = { cert = \"…\", key = \"…\" } too"
+                .into(),
+        );
+    }
     let listen = socket_addr(&s.listen, "server.listen", errs);
     let stem = runtime_file_stem(&listen);
     let file = |value: Option<String>, key: &str, suffix: &str, errs: &mut Vec<String>| match value
@@ -236,6 +245,7 @@ pub(super) fn validate_server(
         replica_id: s.replica_id.filter(|r| !r.is_empty()),
         access_log: s.access_log,
         tls,
+        admin_tls: s.admin_tls,
         tls_handshake_timeout: Duration::from_millis(s.tls_handshake_timeout_ms),
         http2: s.http2,
         h2c: s.h2c,

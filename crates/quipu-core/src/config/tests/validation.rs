@@ -148,6 +148,18 @@ fn head_and_key_poll_limits_are_bounded() {
 }
 
 #[test]
+fn the_admin_listener_takes_tls_only_with_the_api_listeners_certificate() {
+    let e = parse(&format!("{MINIMAL}\n[server]\nadmin_tls = true\n")).unwrap_err();
+    assert!(e.to_string().contains("server.admin_tls"), "{e}");
+    let c = parse(&format!(
+        "{MINIMAL}\n[server]\nadmin_tls = true\ntls = {{ cert = \"c.pem\", key = \"k.pem\" }}\n"
+    ))
+    .unwrap();
+    assert!(c.server.admin_tls && c.server.tls.is_some());
+    assert!(!parse(MINIMAL).unwrap().server.admin_tls);
+}
+
+#[test]
 fn unknown_keys_are_refused() {
     let e = parse(&format!("{MINIMAL}\n[server]\nlisten_port = 1\n")).unwrap_err();
     assert!(e.to_string().contains("listen_port"), "{e}");
