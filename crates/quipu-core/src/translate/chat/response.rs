@@ -82,6 +82,38 @@ fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de Raw
     <&RawValue>::deserialize(d).map(Some)
 }
 
+/// A chunk's `choices`, `Some` whenever the member is present (`null` included).
+#[derive(Deserialize)]
+struct ChoicesMember<'a> {
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    choices: Option<&'a RawValue>,
+}
+
+/// Gives a chunk with `"choices": null`, or none, the `"choices": []` OpenAI's usage chunk
+/// has: clients read `chunk.choices` on every chunk, and some servers (SGLang, llama.cpp
+/// builds) leave it out of the usage-only one. Read again only for such a chunk, the last of
+/// a stream.
+fn empty_choices(data: &[u8], splice: &mut Splice) {
+    let Ok(member) = serde_json::from_slice::<ChoicesMember<'_>>(data) else {
+        return;
+    };
+    if let Some(r) = member.choices.and_then(|raw| range_of(data, raw)) {
+        splice.replace(r, b"[]");
+        return;
+    }
+    let Some(open) = data.iter().position(|&b| b == b'{') else {
+        return;
+    };
+    let rest = data.get(open + 1..).unwrap_or_default();
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let with: &[u8] = if empty {
+        b"\"choices\":[]"
+    } else {
+        b"\"choices\":[],"
+    };
+    splice.replace(open + 1..open + 1, with);
+}
+
 fn non_empty(raw: Option<&RawValue>) -> Option<&RawValue> {
     raw.filter(|r| {
         let s = r.get();
@@ -372,6 +404,9 @@ impl ChatStream {
         if choices.is_empty() {
             if let (Some(raw), Some((billed, false))) = (spans.usage, parsed) {
                 add_cached_tokens(data, raw, &billed, &mut self.splice);
+            }
+            if spans.choices.is_none() {
+                empty_choices(data, &mut self.splice);
             }
         }
         if !choices.is_empty() {

@@ -50,6 +50,33 @@ fn usage_chunk_kept_when_asked() {
 }
 
 #[test]
+fn a_usage_chunk_without_choices_gets_an_empty_list() {
+    let with = "\"choices\":[],";
+    for (without, what) in [
+        (STREAM.replace(with, "\"choices\":null,"), "null"),
+        (STREAM.replace(with, ""), "missing"),
+        (STREAM.replace(with, "\"choices\" : null ,"), "null, spaced"),
+    ] {
+        assert_ne!(without, STREAM, "{what}");
+        let (frames, done, t) = run(&[without.as_bytes()], true, ReasoningField::Both);
+        assert!(done, "{what}");
+        assert_eq!(frames.len(), 5, "{what}");
+        assert_eq!(frames[4]["choices"], json!([]), "{what}");
+        assert_eq!(frames[4]["model"], "aguila", "{what}");
+        assert_eq!(frames[4]["usage"]["completion_tokens"], 3, "{what}");
+        assert_eq!(t.usage().cached_tokens, 8, "{what}");
+    }
+    // A chunk of nothing at all.
+    let (frames, _, _) = run(
+        &[b"data: {}\n\ndata: { }\n\n", STREAM.as_bytes()],
+        true,
+        ReasoningField::Both,
+    );
+    assert_eq!(frames[0], json!({"choices": []}));
+    assert_eq!(frames[1], json!({"choices": []}));
+}
+
+#[test]
 fn same_output_at_every_split() {
     let bytes = STREAM.as_bytes();
     let whole = run(&[bytes], false, ReasoningField::Both).0;
