@@ -11,7 +11,8 @@
 //! - reasoning, then text, then tool-call fragments, in the order a delta carries them;
 //!   a tool-call fragment the format refuses stops the chunk, and no finish is read from it;
 //! - every non-empty fragment counts one output token until the upstream reports usage
-//!   ([`Metered::usage`]), so a stream cut before its usage still bills what was sent;
+//!   ([`Metered::usage`]), so a stream cut before its usage still bills what was sent (the
+//!   chat stream, which relays chunks instead of walking them, meters with [`Metered`] too);
 //! - the usage-only chunk after a finish completes the stream, or fails it with the error
 //!   held from the finish.
 
@@ -31,6 +32,17 @@ pub struct Metered {
 }
 
 impl Metered {
+    /// The upstream reported `usage`: it replaces the fallback count.
+    pub fn report(&mut self, usage: Usage) {
+        self.reported = Some(usage);
+        self.fragments_since_usage = 0;
+    }
+
+    /// `fragments` non-empty fragments were sent without usage.
+    pub fn count(&mut self, fragments: u64) {
+        self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments);
+    }
+
     /// The usage reported, plus a token for each fragment sent since.
     pub fn usage(&self) -> Usage {
         let reported = self.reported.unwrap_or_default();
@@ -104,15 +116,10 @@ pub fn dispatch<P: ChunkParts>(
     }
     match chunk_usage {
         Some(u) => {
-            let m = parts.metered();
-            m.reported = Some(u);
-            m.fragments_since_usage = 0;
+            parts.metered().report(u);
             parts.usage_reported(chunk);
         }
-        None => {
-            let m = parts.metered();
-            m.fragments_since_usage = m.fragments_since_usage.saturating_add(fragments);
-        }
+        None => parts.metered().count(fragments),
     }
     result?;
     if choices.is_empty() && chunk.usage.is_some() {

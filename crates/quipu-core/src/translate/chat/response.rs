@@ -13,6 +13,7 @@
 //! - an upstream `{"error":…}` object is re-rendered in the chat error shape (string `code`,
 //!   OpenAI `type`) and followed by `data: [DONE]`.
 
+use super::super::chunk_parts::Metered;
 use super::super::splice::{key_range, member_range, range_of, Splice};
 use super::super::upstream_error::{map_upstream_error, UpstreamFailure};
 use super::super::{
@@ -345,10 +346,9 @@ pub struct ChatStream {
     slug_json: Vec<u8>,
     splice: Splice,
     scratch: Vec<u8>,
-    usage: Option<Usage>,
-    /// Non-empty content / reasoning / argument fragments relayed since the last chunk that
-    /// carried usage: the fallback count of tokens the upstream has not reported.
-    fragments_since_usage: u64,
+    /// Usage reported, and non-empty content / reasoning / argument fragments relayed since:
+    /// the fallback count of tokens the upstream has not reported.
+    metered: Metered,
     saw_finish: bool,
     end: StreamEnd,
     error: Option<ApiError>,
@@ -364,8 +364,7 @@ impl ChatStream {
             slug_json,
             splice: Splice::default(),
             scratch: Vec::new(),
-            usage: None,
-            fragments_since_usage: 0,
+            metered: Metered::default(),
             saw_finish: false,
             end: StreamEnd::Open,
             error: None,
@@ -390,8 +389,7 @@ impl ChatStream {
         if choices.is_empty() {
             // The usage-only chunk (or an empty keep-alive chunk).
             if let Some(u) = chunk_usage {
-                self.usage = Some(u);
-                self.fragments_since_usage = 0;
+                self.metered.report(u);
             }
             if !self.client_wants_usage {
                 return Ok(());
@@ -438,13 +436,8 @@ impl ChatStream {
             }
         }
         match chunk_usage {
-            Some(u) => {
-                self.usage = Some(u);
-                self.fragments_since_usage = 0;
-            }
-            None => {
-                self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments)
-            }
+            Some(u) => self.metered.report(u),
+            None => self.metered.count(fragments),
         }
         self.scratch.clear();
         self.splice.apply(data, &mut self.scratch);
@@ -503,14 +496,7 @@ impl StreamTranslator for ChatStream {
     fn on_idle(&mut self, _out: &mut Vec<u8>) {}
 
     fn usage(&self) -> Usage {
-        let reported = self.usage.unwrap_or_default();
-        // `completion_tokens` is the upstream's number: never trusted not to overflow.
-        Usage {
-            completion_tokens: reported
-                .completion_tokens
-                .saturating_add(self.fragments_since_usage),
-            ..reported
-        }
+        self.metered.usage()
     }
 
     fn end(&self) -> StreamEnd {
