@@ -199,11 +199,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     for reason in ["error", "timeout"] {
         m().tls_handshake_failures.with_label_values(&[reason]);
     }
-    for kind in [
-        crate::http::h2::Abuse::Refused,
-        crate::http::h2::Abuse::Rejected,
-        crate::http::h2::Abuse::Cancels,
-    ] {
+    for kind in <crate::http::h2::Abuse as strum::IntoEnumIterator>::iter() {
         let kind: &str = kind.into();
         m().h2_abuse.with_label_values(&[kind]);
     }

@@ -70,8 +70,10 @@ pub fn options(limits: &H2Limits) -> H2Options {
     o
 }
 
-/// Why an HTTP/2 connection was closed by the gateway (a metric label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+/// Why an HTTP/2 connection was closed by the gateway, or a stream refused (a metric label).
+/// Every close for misbehaviour is counted once, whichever layer made it: this loop's own
+/// budgets, or the `h2` crate's (a `GOAWAY` it sent for the client's frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumIter)]
 #[strum(serialize_all = "snake_case")]
 pub enum Abuse {
     /// Over [`MAX_REJECTED`] malformed or refused streams.
@@ -80,6 +82,30 @@ pub enum Abuse {
     Cancels,
     /// Streams refused for the live-task cap (counted, not a reason to close by itself).
     Refused,
+    /// `h2` closed the connection with `GOAWAY(ENHANCE_YOUR_CALM)`: streams reset before they
+    /// were accepted (the rapid-reset attack as published), or floods of locally reset streams,
+    /// CONTINUATION or DATA frames.
+    Flood,
+    /// `h2` closed the connection with another error `GOAWAY`: the client broke the protocol
+    /// (`PROTOCOL_ERROR`, an HPACK `COMPRESSION_ERROR`, `FRAME_SIZE_ERROR`, flow control).
+    ProtocolError,
+}
+
+impl Abuse {
+    /// Why `h2` closed a connection, when it closed it for the client's misbehaviour: a
+    /// `GOAWAY` it sent itself with an error code. A client's own `GOAWAY`, a clean close and
+    /// an I/O error are not misbehaviour.
+    pub fn of_connection_error(e: &pingora::Error) -> Option<Abuse> {
+        let h2 = e.root_cause().downcast_ref::<h2::Error>()?;
+        if !(h2.is_go_away() && h2.is_library()) {
+            return None;
+        }
+        match h2.reason()? {
+            h2::Reason::NO_ERROR => None,
+            h2::Reason::ENHANCE_YOUR_CALM => Some(Abuse::Flood),
+            _ => Some(Abuse::ProtocolError),
+        }
+    }
 }
 
 fn count_abuse(kind: Abuse) {
@@ -126,6 +152,8 @@ pub async fn serve_connection<A: ServeRequest>(
     let mut watch = shutdown.clone();
     let mut rejected = 0usize;
     let mut goaway_sent = false;
+    // Why this loop closed the connection for misbehaviour, once it has.
+    let mut closed_for: Option<Abuse> = None;
     loop {
         if !goaway_sent && (*watch.borrow() || draining.load(Ordering::Relaxed)) {
             conn.graceful_shutdown();
@@ -154,8 +182,7 @@ pub async fn serve_connection<A: ServeRequest>(
         match accepted {
             Ok(Some(H2Accept::Session(session))) => {
                 if cancels.exceeded() {
-                    count_abuse(Abuse::Cancels);
-                    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                    close_for(&mut conn, &mut closed_for, Abuse::Cancels);
                     continue;
                 }
                 let n = live.count.load(Ordering::Relaxed);
@@ -172,15 +199,32 @@ pub async fn serve_connection<A: ServeRequest>(
             Ok(Some(H2Accept::Rejected)) => rejected += 1,
             Ok(None) => return,
             Err(e) => {
+                // The connection is counted once: a close of this loop's ends the same way.
+                if let (None, Some(kind)) = (closed_for, Abuse::of_connection_error(&e)) {
+                    count_abuse(kind);
+                }
                 log::debug!("HTTP/2 connection ended: {e}");
                 return;
             }
         }
         if rejected > MAX_REJECTED {
-            count_abuse(Abuse::Rejected);
-            conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+            close_for(&mut conn, &mut closed_for, Abuse::Rejected);
         }
     }
+}
+
+/// Closes the connection with `GOAWAY(ENHANCE_YOUR_CALM)` for `kind`, counted once per
+/// connection (streams already in flight may trip a budget again before the close lands).
+fn close_for(
+    conn: &mut h2::server::Connection<Stream, bytes::Bytes>,
+    closed_for: &mut Option<Abuse>,
+    kind: Abuse,
+) {
+    if closed_for.is_none() {
+        count_abuse(kind);
+        *closed_for = Some(kind);
+    }
+    conn.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
 }
 
 /// Serves one stream in its own task, so the connection's other streams go on meanwhile.

@@ -232,7 +232,7 @@ metrics! {
     );
     h2_abuse: IntCounterVec = counter(
         "quipu_http2_abuse_total",
-        "HTTP/2 misbehaviour: streams refused over the per-connection cap (refused), connections closed for too many malformed or refused streams (rejected) or cancellations (cancels)",
+        "HTTP/2 misbehaviour: streams refused over the per-connection cap (refused), connections closed for too many malformed or refused streams (rejected), cancellations (cancels), reset or frame floods (flood: GOAWAY ENHANCE_YOUR_CALM) or other protocol errors (protocol_error)",
         &["kind"],
     );
     ledger_queue: IntGauge = IntGauge::new(

@@ -69,6 +69,45 @@ pub fn target_too_long(e: &pingora::Error) -> bool {
             .is_some_and(|c| c.as_str().len() > MAX_URI)
 }
 
+/// Pingora's reason for refusing an absolute-form request target whose authority is not the
+/// `Host` header (pinned with the pingora version: the framing tests fail if it changes).
+const HOST_DIFFERS: &str = "Host header differs from request-target authority";
+
+/// Serves an absolute-form request (`POST http://host/v1/chat/completions`) whose `Host`
+/// names another authority, which pingora refuses. That refusal guards a proxy that routes by
+/// one while a backend routes by the other; Quipu is the origin of its routes and routes by the
+/// path alone, and RFC 9112 §3.2.2 says an origin server MUST then ignore `Host` and use the
+/// target's authority. Pingora read the head whole before its check, so the request goes on
+/// with `Host` set to the target's authority, once the rest of pingora's checks of the head
+/// (`Content-Length`, `Transfer-Encoding`) pass. The target itself never leaves the gateway:
+/// only its path is routed. True if the request can be served.
+pub fn adopt_target_authority(session: &mut ServerSession, e: &pingora::Error) -> bool {
+    let host_differs = matches!(e.etype(), pingora::ErrorType::InvalidHTTPHeader)
+        && e.context
+            .as_ref()
+            .is_some_and(|c| c.as_str() == HOST_DIFFERS);
+    if !host_differs || session.as_http1().is_none() {
+        return false;
+    }
+    let target = http::Uri::try_from(session.req_header().raw_path());
+    let Some(authority) = target.ok().and_then(|t| t.authority().cloned()) else {
+        return false;
+    };
+    let Ok(host) = http::HeaderValue::from_str(authority.as_str()) else {
+        return false;
+    };
+    if session
+        .req_header_mut()
+        .insert_header(http::header::HOST, host)
+        .is_err()
+    {
+        return false;
+    }
+    session
+        .as_http1()
+        .is_some_and(|h1| h1.validate_request().is_ok())
+}
+
 /// Reads and discards the rest of a refused request's body: true if it ended within the drain
 /// bound ([`DRAIN_FACTOR`] × the body limit, [`DRAIN_TIMEOUT`]), so the connection can be
 /// reused. A body declared longer, or one behind `Expect: 100-continue` (never sent unless

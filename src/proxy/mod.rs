@@ -156,6 +156,7 @@ impl ServeRequest for Gateway {
             Ok(true) => {}
             // The client closed the connection before sending a request.
             Ok(false) => return Served::default(),
+            Err(e) if body::adopt_target_authority(&mut session, &e) => {}
             Err(e) => {
                 // A request line too long to parse is a head over the limit: its 431, in the
                 // default (chat) shape since there is no path to route. Any other head that
@@ -250,11 +251,15 @@ impl Gateway {
         session.set_write_timeout(Some(server.client_write_timeout));
         // Pingora drains an unread body before reusing a connection; bound that too.
         session.set_total_drain_timeout(Some(body::DRAIN_TIMEOUT));
-        // HTTP/1.1 keeps idle connections forever by default; bound them (a client's
-        // `Connection: close` still wins). HTTP/1.0 closes unless the client asked to keep it
-        // (pingora would answer it `keep-alive`). A draining server closes each connection after
-        // its request.
-        if self.life.draining() || body::http10_close(session) {
+        // HTTP/1.1 keeps idle connections forever by default; bound them. Keep-alive is only
+        // ever shortened here, never turned back on: pingora turns it off for a client's
+        // `Connection: close` and for a head whose framing is ambiguous (both `Content-Length`
+        // and `Transfer-Encoding`: RFC 9112 §6.1 says close after answering it, or the bytes
+        // behind it could be read as a smuggled second request). HTTP/1.0 closes unless the
+        // client asked to keep it (pingora would answer it `keep-alive`). A draining server
+        // closes each connection after its request.
+        let closing = session.get_keepalive().is_none() && !session.is_http2();
+        if closing || self.life.draining() || body::http10_close(session) {
             session.set_keepalive(None);
         } else {
             session.set_keepalive(Some(server.keepalive_timeout_s));

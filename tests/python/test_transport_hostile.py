@@ -83,6 +83,10 @@ class Target:
     def abuse(self, kind: str) -> float:
         return self.gw.metric_value("quipu_http2_abuse_total", kind=kind)
 
+    def closes(self) -> float:
+        """Connections closed for misbehaviour, every reason (`refused` counts streams)."""
+        return sum(self.abuse(k) for k in ("rejected", "cancels", "flood", "protocol_error"))
+
 
 @pytest.fixture(scope="module")
 def targets(workdir):
@@ -153,6 +157,7 @@ def test_rapid_reset_is_cut_off(targets, listener):
     body = chat("x [[sim: tokens=50 delay_ms=20]]")
     auth = {"authorization": f"Bearer {t.key}"}
     conns = []
+    closes0 = t.closes()
     with t.probe() as during:
         deadline = time.monotonic() + ATTACK_SECONDS
         while time.monotonic() < deadline and len(conns) < 300:
@@ -184,6 +189,12 @@ def test_rapid_reset_is_cut_off(targets, listener):
     goaways = [g for _, _, g in conns if g is not None]
     assert goaways, "no attacking connection got a GOAWAY"
     assert {code for _, code in goaways} == {ENHANCE_YOUR_CALM}, goaways[:5]
+    # Every connection closed for it is counted, once, whichever layer closed it (the h2
+    # crate's reset budget, or the gateway's cancel and malformed-stream budgets). Some
+    # clients see the close as a reset before they read its GOAWAY: closed is what counts.
+    closed = sum(1 for _, was_closed, _ in conns if was_closed)
+    wait_until(lambda: t.closes() - closes0 >= closed, 10, "every closed connection counted")
+    assert t.closes() - closes0 == closed, (t.closes() - closes0, closed, len(goaways))
     # The server stopped processing each connection's streams early (the last stream id it
     # says it processed), of the thousands the attacker sent.
     assert max(last for last, _ in goaways) <= 2 * (MAX_STREAMS + MAX_REJECTED + 200), goaways
