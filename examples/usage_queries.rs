@@ -244,7 +244,7 @@ async fn main() -> Result<(), String> {
     let mut times = Vec::new();
     for _ in 0..a.iterations {
         let t = Instant::now();
-        s.account(big, Some(&keys[0]))
+        s.account(big, Some(&keys[0]), "bench")
             .await
             .map_err(|e| e.to_string())?;
         times.push(t.elapsed());

@@ -30,7 +30,7 @@ use crate::billing::Accounts;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::keys::constant_time_eq;
-use crate::ops::account::{self as view, InFlight};
+use crate::ops::account::{self as view, Local};
 use crate::ops::{self, OpsError, Output};
 use crate::store::{now_ms, KeyLimits, Store, TenantId};
 use async_trait::async_trait;
@@ -78,16 +78,12 @@ impl AdminApp {
         let answer = match what {
             "account" => match params::account_params(q) {
                 Ok(offset_ms) => {
-                    let held = self.accounts.view(tenant);
-                    let in_flight = InFlight {
-                        reserved: held.reserved,
-                        pending: held.unflushed,
-                        requests: held.open,
+                    let held = || self.accounts.view(tenant);
+                    let local = Local {
+                        replica: self.accounts.replica(),
+                        held: &held,
                     };
-                    value(
-                        view::account(store, tenant, None, in_flight, defaults, offset_ms, now)
-                            .await,
-                    )
+                    value(view::account(store, tenant, None, local, defaults, offset_ms, now).await)
                 }
                 Err(e) => return bad(e),
             },
@@ -257,8 +253,8 @@ impl ServeHttp for AdminApp {
                 )
             }
             ("POST", "/admin/topups") => match read_json::<NewTopUp>(session).await {
-                Ok(t) => result(
-                    ops::top_up(
+                Ok(t) => {
+                    let done = ops::top_up(
                         store,
                         &t.tenant,
                         &t.amount,
@@ -266,10 +262,15 @@ impl ServeHttp for AdminApp {
                         self.config.billing.min_top_up,
                         t.idempotency_key.as_deref(),
                     )
-                    .await
-                    .map(|r| Output::of(&r)),
-                    true,
-                ),
+                    .await;
+                    if done.is_ok() {
+                        // Requests that found the balance all spent ask the store again.
+                        if let Ok(Some(tenant)) = store.tenant_by_name(&t.tenant).await {
+                            self.accounts.money_arrived(tenant.id);
+                        }
+                    }
+                    result(done.map(|r| Output::of(&r)), true)
+                }
                 Err(e) => error(400, &e),
             },
             ("GET", "/admin/statement") => match q("tenant") {

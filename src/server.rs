@@ -59,6 +59,11 @@ const DRAIN_QUIET: Duration = Duration::from_millis(250);
 /// How long a lease may go without a heartbeat before another replica reclaims it.
 const LEASE_STALE_MS: i64 = 30_000;
 const LEASE_HEARTBEAT: Duration = Duration::from_secs(5);
+/// A replica silent this long is gone: its lease rows (zeroed long before) are deleted. A
+/// replica that was only cut off this long finds its rows gone and must restart (its books
+/// could no longer line up with the store's).
+const LEASE_FORGET_MS: i64 = 24 * 3_600_000;
+const LEASE_FORGET_EVERY: Duration = Duration::from_secs(3_600);
 const LEASE_IDLE_RETURN: Duration = Duration::from_secs(3);
 /// How often `quipu_ledger_spill_files` is re-counted (one directory listing).
 const SPILL_RECOUNT: Duration = Duration::from_secs(5);
@@ -698,6 +703,11 @@ fn spawn_background(
                 }
                 if let Err(e) = store.reclaim_stale_leases(LEASE_STALE_MS).await {
                     log::warn!("reclaiming stale leases failed: {e}");
+                }
+            }
+            if n % LEASE_FORGET_EVERY.as_secs() == 0 {
+                if let Err(e) = store.forget_silent_leases(LEASE_FORGET_MS).await {
+                    log::warn!("forgetting the leases of replicas long gone failed: {e}");
                 }
             }
         }

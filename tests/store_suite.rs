@@ -278,7 +278,17 @@ store_suite!(
     a_low_balance_is_leased_in_shares,
     idle_leases_come_home_when_another_replica_is_short,
     replicas_short_at_once_pool_their_idle_leases,
+    lease_rows_answer_with_one_consistent_reading,
+    a_stale_lease_is_zeroed_and_kept_then_forgotten,
+    a_heartbeat_between_a_write_and_its_answer_counts_the_charge_once,
 );
+
+#[path = "store_suite/leases.rs"]
+mod leases;
+use leases::{
+    a_heartbeat_between_a_write_and_its_answer_counts_the_charge_once,
+    a_stale_lease_is_zeroed_and_kept_then_forgotten, lease_rows_answer_with_one_consistent_reading,
+};
 
 #[path = "store_suite/usage.rs"]
 mod usage;
@@ -582,11 +592,11 @@ async fn record_is_atomic_and_idempotent(fx: &Fixture) {
             )
         })
         .collect();
-    assert_eq!(s.record("r1", &batch).await.unwrap(), 5);
+    assert_eq!(s.record("r1", &batch).await.unwrap().new, 5);
     let after_first = s.balance(t).await.unwrap().balance;
     // Replaying the batch (the writer retrying after a timeout) inserts and charges nothing.
-    assert_eq!(s.record("r1", &batch).await.unwrap(), 0);
-    assert_eq!(s.record("r2", &batch).await.unwrap(), 0);
+    assert_eq!(s.record("r1", &batch).await.unwrap().new, 0);
+    assert_eq!(s.record("r2", &batch).await.unwrap().new, 0);
     assert_eq!(s.balance(t).await.unwrap().balance, after_first);
 
     // Old rows, new rows and a repeat inside one batch: only the new ones count, once.
@@ -594,7 +604,7 @@ async fn record_is_atomic_and_idempotent(fx: &Fixture) {
     mixed.push(row("req-5", t, base + 5, "aguila", soles("0.5")));
     mixed.push(row("req-6", t, base + 6, "aguila", soles("0.25")));
     mixed.push(row("req-5", t, base + 7, "aguila", soles("99")));
-    assert_eq!(s.record("r1", &mixed).await.unwrap(), 2);
+    assert_eq!(s.record("r1", &mixed).await.unwrap().new, 2);
 
     let mut expected: Vec<LedgerRow> = batch.clone();
     expected.push(mixed[2].clone());
@@ -603,7 +613,7 @@ async fn record_is_atomic_and_idempotent(fx: &Fixture) {
     assert_eq!(s.balance(t).await.unwrap().balance, soles("100") - charged);
     assert_eq!(s.ledger_rows(Some(t)).await.unwrap(), expected);
     assert_eq!(s.ledger_rows(None).await.unwrap(), expected);
-    assert_eq!(s.record("r1", &[]).await.unwrap(), 0);
+    assert_eq!(s.record("r1", &[]).await.unwrap().new, 0);
 
     // A batch is all or nothing: one bad row (unknown tenant, negative charge) and none of
     // the others is written.
@@ -647,7 +657,7 @@ async fn concurrent_replays_charge_once(fx: &Fixture) {
         let start = (k * 5) % 40;
         let chunk = rows[start..start + 20].to_vec();
         tasks.push(tokio::spawn(async move {
-            s.record(&format!("r{}", k % 3), &chunk).await.unwrap()
+            s.record(&format!("r{}", k % 3), &chunk).await.unwrap().new
         }));
     }
     let mut inserted = 0;
@@ -756,7 +766,8 @@ async fn record_reduces_lease_and_balance(fx: &Fixture) {
     assert_eq!(
         s.record("r1", &[row("a", t, now, "colibri", soles("1.5"))])
             .await
-            .unwrap(),
+            .unwrap()
+            .new,
         1
     );
     let b = assert_leases_covered(&*s, t, "after r1's charge").await;
@@ -805,8 +816,19 @@ async fn record_reduces_lease_and_balance(fx: &Fixture) {
     let b = assert_leases_covered(&*s, t, "after r2 returned all").await;
     assert_eq!((b.balance, b.leased), (soles("0.75"), Pen::ZERO));
     // A heartbeat answers with the replica's leases as stored.
-    assert_eq!(s.heartbeat("r1").await.unwrap(), vec![(t, Pen::ZERO)]);
-    assert_eq!(s.heartbeat("r2").await.unwrap(), vec![(t, Pen::ZERO)]);
+    let amounts = |v: Vec<(TenantId, store::LeaseReading)>| {
+        v.into_iter()
+            .map(|(t, r)| (t, r.amount))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        amounts(s.heartbeat("r1").await.unwrap()),
+        vec![(t, Pen::ZERO)]
+    );
+    assert_eq!(
+        amounts(s.heartbeat("r2").await.unwrap()),
+        vec![(t, Pen::ZERO)]
+    );
     assert!(s.heartbeat("r9").await.unwrap().is_empty());
 
     // A replica without a lease still records: the balance drops, no lease moves.
@@ -1028,7 +1050,7 @@ async fn sums_of_large_entries_do_not_overflow(fx: &Fixture) {
         r.output_tokens = (1 << 58) - 1;
         rows.push(r);
     }
-    assert_eq!(s.record("r1", &rows).await.unwrap(), 40);
+    assert_eq!(s.record("r1", &rows).await.unwrap().new, 40);
     let st = s.statement(t, None, None).await.unwrap();
     let total = Pen::from_picos(n * i128::from(i64::MAX));
     assert_eq!(st.total_top_ups, total);
@@ -1134,7 +1156,7 @@ async fn invalid_rows_are_refused_as_invalid_and_set_aside(fx: &Fixture) {
     let mut flagged = good.clone();
     flagged.unbilled = Pen::from_picos(123_456_789);
     flagged.input_estimated = true;
-    assert_eq!(s.record("r1", &[flagged.clone()]).await.unwrap(), 1);
+    assert_eq!(s.record("r1", &[flagged.clone()]).await.unwrap().new, 1);
     assert_eq!(s.ledger_rows(Some(t)).await.unwrap(), vec![flagged]);
     assert_eq!(s.balance(t).await.unwrap().balance, soles("9"));
 }
@@ -1213,7 +1235,9 @@ async fn stored_responses_belong_to_their_tenant_and_are_pruned(fx: &Fixture) {
 // Accounts (the replica's side of leases) over each backend
 
 use quipu::billing::{Accounts, Refusal};
-use quipu::store::{LeaseAsk, LeaseGrant, QuotaAsk, RejectedRow, ReplicaSignal, TopUpOutcome};
+use quipu::store::{
+    LeaseAsk, LeaseGrant, QuotaAsk, Recorded, RejectedRow, ReplicaSignal, TopUpOutcome,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 /// A store that can be made to fail, slowed down, and counts lease grants.
@@ -1283,7 +1307,7 @@ impl Store for Rigged {
     async fn balance(&self, tenant: TenantId) -> store::StoreResult<store::Balance> {
         self.inner.balance(tenant).await
     }
-    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> store::StoreResult<u64> {
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> store::StoreResult<Recorded> {
         self.check()?;
         self.inner.record(replica, rows).await
     }
@@ -1308,18 +1332,24 @@ impl Store for Rigged {
         replica: &str,
         tenant: TenantId,
         amount: Pen,
-    ) -> store::StoreResult<()> {
+    ) -> store::StoreResult<Option<store::LeaseReading>> {
         self.check()?;
         let delay = self.release_delay_ms.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         self.inner.release_lease(replica, tenant, amount).await
     }
-    async fn heartbeat(&self, replica: &str) -> store::StoreResult<Vec<(TenantId, Pen)>> {
+    async fn heartbeat(
+        &self,
+        replica: &str,
+    ) -> store::StoreResult<Vec<(TenantId, store::LeaseReading)>> {
         self.check()?;
         self.inner.heartbeat(replica).await
     }
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> store::StoreResult<u64> {
         self.inner.reclaim_stale_leases(max_age_ms).await
+    }
+    async fn forget_silent_leases(&self, max_age_ms: i64) -> store::StoreResult<u64> {
+        self.inner.forget_silent_leases(max_age_ms).await
     }
     async fn drop_leases(&self, replica: &str) -> store::StoreResult<()> {
         self.inner.drop_leases(replica).await
@@ -1383,8 +1413,9 @@ impl store::UsageStore for Rigged {
         &self,
         tenant: TenantId,
         key: Option<&str>,
+        replica: &str,
     ) -> store::StoreResult<store::usage::AccountFacts> {
-        self.inner.account(tenant, key).await
+        self.inner.account(tenant, key, replica).await
     }
     async fn keys_page(
         &self,
@@ -1417,8 +1448,10 @@ const FENCE: Duration = Duration::from_secs(15);
 /// Records one settled charge of `accounts` as the ledger writer does.
 async fn flush(s: &dyn Store, accounts: &Accounts, id: &str, t: TenantId, charge: Pen) {
     let r = row(id, t, store::now_ms(), "apu", charge);
-    assert_eq!(s.record(accounts.replica(), &[r]).await.unwrap(), 1);
-    accounts.flushed(t, charge);
+    let sent = accounts.tick();
+    let recorded = s.record(accounts.replica(), &[r]).await.unwrap();
+    assert_eq!(recorded.new, 1);
+    accounts.recorded(sent, &recorded.leases);
 }
 
 async fn two_replicas_never_spend_more_than_the_balance(fx: &Fixture) {
@@ -1457,11 +1490,11 @@ async fn two_replicas_never_spend_more_than_the_balance(fx: &Fixture) {
     let bal = assert_leases_covered(&*sa, t, "at the end").await;
     let spent = Pen::from_picos(cost.picos() * i128::from(admitted));
     assert_eq!(bal.balance, soles("10.00") - spent);
-    // What is left is stranded in the two leases. Racing, a replica that found the store dry
-    // refuses without asking for `DRY_MEMORY` while the other may return lease meanwhile, so
-    // a moment's leftover can exceed a request's worth per replica (seen under load): after
-    // that, one request at a time spends until both replicas refuse, and then less than one
-    // request's worth is left in each.
+    // What is left sits in the two leases, where each replica's own requests can use it:
+    // one request at a time now spends until both replicas refuse, and then less than one
+    // request's worth is left in each. (On SQLite a replica that found the store dry refuses
+    // from memory for `DRY_MEMORY` — no channel tells it the other returned a lease — so the
+    // loop starts after that.)
     tokio::time::sleep(quipu::billing::accounts::DRY_MEMORY).await;
     let mut i = 80;
     loop {
@@ -1488,9 +1521,8 @@ async fn two_replicas_never_spend_more_than_the_balance(fx: &Fixture) {
         bal.balance.to_decimal()
     );
     assert!(admitted >= 32, "{admitted}");
-    // Local views never exceed the store's (racing flushes can only make them smaller), and a
-    // heartbeat makes them agree.
-    assert!(a.view(t).lease + b.view(t).lease <= bal.leased);
+    // With every write answered, each replica's books are the store's, without a heartbeat.
+    assert_eq!(a.view(t).lease + b.view(t).lease, bal.leased);
     a.heartbeat().await.unwrap();
     b.heartbeat().await.unwrap();
     assert_eq!(a.view(t).lease + b.view(t).lease, bal.leased);
@@ -1873,7 +1905,7 @@ async fn a_low_balance_is_leased_in_shares(fx: &Fixture) {
     // quarter, not everything.
     let a = sa.grant_lease("replica-a", t, ask).await.unwrap();
     assert_eq!(
-        (a.granted, a.held, a.elsewhere),
+        (a.granted, a.reading.amount, a.elsewhere),
         (soles("0.25"), soles("0.25"), Pen::ZERO)
     );
     let b = sb.grant_lease("replica-b", t, ask).await.unwrap();

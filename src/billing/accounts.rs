@@ -1,117 +1,58 @@
-//! Admission by reservation against leased balance.
+//! Admission by reservation against leased balance: the I/O around
+//! [`quipu_core::billing::book`].
 //!
 //! Before a request is forwarded, its worst-case cost is **reserved**; when it ends — on every
 //! path — the reservation is replaced by the real charge, **capped at the reservation** (what
 //! the tokens cost beyond it is reported as unbilled, never charged). A replica admits only
-//! against money it holds a **lease** on (see `store`): `Σ leases ≤ balance` in the store, and
-//! locally
-//!
-//! ```text
-//! reserved + unflushed ≤ lease
-//! ```
-//!
-//! where `unflushed` is charges settled here but not yet written to the ledger. Since no charge
-//! exceeds its reservation, no tenant can be overdrawn, whatever the concurrency and however
+//! against money it holds a **lease** on (see `store`), so no tenant can be overdrawn, however
 //! many replicas share the store.
 //!
-//! The common path is one short per-tenant critical section, no I/O. Only when a tenant's lease
-//! runs short does a request wait on the store for more (one round trip per `lease_chunk` of
-//! spending; acquisitions for one tenant are serialised so a burst makes one round trip, not a
-//! hundred). Unused leases are handed back after a few idle seconds so other replicas can use
-//! the money. While a tenant's unleased balance is small next to `lease_chunk`, a grant is
-//! only a share of it ([`quipu_core::billing::lease`]), so one replica does not take it all.
+//! The bookkeeping is the core's [`Book`], one per tenant: a pure state machine whose
+//! invariants (no overdraft, no refusal while the balance covers a request, exact at rest) are
+//! proven over every interleaving in its model test. This module only wires it: it asks the
+//! book what to do, makes the store calls it asks for, and hands every answer back — the
+//! lease rows the ledger writer's `record` returns ([`Accounts::recorded`]), the heartbeat's,
+//! grants and releases. The book's mutex is held for one event, never across I/O, so the
+//! common path (the lease covers the request) is one short critical section.
 //!
-//! **Leases come home when needed.** A replica that would refuse a request for balance that
-//! other replicas hold asks them to return what they hold idle ([`ReplicaSignal::RecallLeases`],
-//! PostgreSQL `NOTIFY`), waits a short while ([`RECALL_WAIT`]) for their answer
-//! ([`ReplicaSignal::LeasesReturned`]) and asks the store again: a 402 then means the money is
-//! spent, or held by requests in flight. A replica told to return gives back its lease minus
-//! what its open reservations and unwritten charges need ([`Accounts::give_back_idle`]).
+//! **Store calls outlive the requests that asked for them.** A lease call runs in its own
+//! task and applies its answer to the book itself, so a request that gives up (its deadline,
+//! its client gone) never leaves a call half-applied: the book would otherwise wait forever for
+//! an answer nobody brings.
 //!
-//! **Fencing.** Another replica deletes a lease whose heartbeat is older than the stale
-//! threshold (the owner is presumed dead). So a lease is only admitted against while the store
-//! confirmed it recently: by [`Accounts::heartbeat`] (which also corrects the local lease to
-//! the stored one: a reclaimed lease becomes 0, a grant whose reply was lost is picked up) or
-//! by a grant. Past the `fence` (a fraction of the stale threshold) without confirmation, the
-//! next request goes to the store first.
-//!
-//! **Corrections race with flushes.** The ledger writer lowers the stored lease (in `record`)
-//! and then the local one ([`Accounts::flushed`]). A stored amount read while a flush was in
-//! between would overstate the lease, so each account counts its flushes and a correction only
-//! *lowers* the local lease when one happened meanwhile. Every race errs towards a smaller
-//! local lease, which the next heartbeat restores.
+//! **Leases come home when needed.** A replica that would refuse a request for balance other
+//! replicas hold asks them to return what they hold free ([`ReplicaSignal::RecallLeases`],
+//! PostgreSQL `NOTIFY`), waits up to [`RECALL_WAIT`] for one to say it did
+//! ([`ReplicaSignal::LeasesReturned`]) and asks the store again. Every release — called home,
+//! or idle for a few seconds — is announced the same way, so other replicas that found the
+//! store dry ask again instead of refusing from memory.
 
 use crate::money::Pen;
-use crate::store::{LeaseAsk, ReplicaSignal, Store, StoreError, TenantId};
+use crate::store::{LeaseAsk, LeaseReading, ReplicaSignal, Store, StoreError, TenantId};
 use parking_lot::Mutex;
+use quipu_core::billing::book::{self, Book, CallFailed, Held, Pending, Step, Tick, Timing};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Most time a request waits for more lease (queueing behind other acquisitions included).
+/// Most time a request waits for admission (lease calls and recalls included).
 pub const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(3);
-/// After the store refused more money (it had none unleased), requests of the tenant that do
-/// not fit the local lease are refused without asking again for this long.
+/// After the store had no unleased money, requests of the tenant that do not fit the lease are
+/// refused without asking again for this long (unless money comes home meanwhile).
 pub const DRY_MEMORY: Duration = Duration::from_secs(1);
-/// After a lease call failed, requests queued behind it fail at once for this long instead of
-/// each waiting out its own timeout.
+/// After a lease call failed, requests that need the store fail at once for this long instead
+/// of each waiting out its own timeout.
 pub const FAILURE_MEMORY: Duration = Duration::from_secs(1);
-/// Most time a request short of balance waits for other replicas to return idle leases before
-/// it is refused.
+/// Most time a request short of balance waits for other replicas to return free leases.
 pub const RECALL_WAIT: Duration = Duration::from_millis(250);
-
-#[derive(Debug, Default)]
-struct State {
-    lease: Pen,
-    reserved: Pen,
-    unflushed: Pen,
-    open: u64,
-    last_activity: Option<Instant>,
-    /// When the store last confirmed `lease` (taken before the confirming call was sent).
-    confirmed: Option<Instant>,
-    /// Flushes applied so far (see the module docs on corrections).
-    flushes: u64,
-    /// The store had no unleased balance left for this tenant at this time.
-    dry_at: Option<Instant>,
-    /// A lease call for this tenant failed at this time.
-    failed_at: Option<Instant>,
-}
-
-impl State {
-    fn headroom(&self) -> Pen {
-        self.lease - self.reserved - self.unflushed
-    }
-
-    fn fresh(&self, fence: Duration) -> bool {
-        self.confirmed.is_some_and(|t| t.elapsed() < fence)
-    }
-
-    /// Applies the lease the store reported, read by a call started when this account had
-    /// applied `flushes_before` flushes and held `lease_before` (plus `added` by that call).
-    /// If anything moved the local lease meanwhile, the stored amount may predate it: then it
-    /// may only lower the lease.
-    fn correct(&mut self, stored: Pen, flushes_before: u64, lease_before: Pen, added: Pen) {
-        let untouched = self.flushes == flushes_before && self.lease == lease_before;
-        self.lease = if untouched {
-            stored
-        } else {
-            (self.lease + added).min(stored)
-        };
-    }
-}
-
-struct Account {
-    state: Mutex<State>,
-    /// Serialises lease acquisitions, returns and corrections for this tenant.
-    lease_lock: tokio::sync::Mutex<()>,
-    /// Woken when another replica says it returned lease on this tenant.
-    returned: tokio::sync::Notify,
-}
+/// A release whose answer was lost stays counted as given back until a reading sent this long
+/// after the failure says where the money is.
+pub const DOUBT_SETTLE: Duration = Duration::from_secs(2);
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// The balance (minus what is reserved) does not cover the worst case.
+    /// The balance (minus what is reserved or not yet written) does not cover the worst case.
     Insufficient { needed: Pen, available: Pen },
     /// The store could not be asked for more balance.
     StoreUnavailable(String),
@@ -141,9 +82,21 @@ impl Drop for Reservation {
                 "reservation of tenant {} dropped without settlement; released",
                 self.tenant
             );
-            a.release(self.tenant, self.amount, Pen::ZERO);
+            a.account(self.tenant)
+                .book
+                .lock()
+                .settle(self.amount, Pen::ZERO);
         }
     }
+}
+
+/// One tenant's book and the wake-ups around it.
+struct Account {
+    book: Mutex<Book>,
+    /// A lease call of this tenant ended.
+    call_ended: tokio::sync::Notify,
+    /// Another replica says it returned money on this tenant.
+    returned: tokio::sync::Notify,
 }
 
 /// Per-tenant money state of this replica.
@@ -151,7 +104,9 @@ pub struct Accounts {
     store: Arc<dyn Store>,
     replica: String,
     chunk: Pen,
-    fence: Duration,
+    timing: Timing,
+    /// The origin of the books' [`Tick`]s.
+    origin: Instant,
     accounts: Mutex<HashMap<TenantId, Arc<Account>>>,
 }
 
@@ -160,23 +115,22 @@ pub struct Accounts {
 pub struct Totals {
     pub open: u64,
     pub reserved: Pen,
-    pub unflushed: Pen,
+    /// Billed, not yet in the store as the newest readings have it.
+    pub unrecorded: Pen,
     pub leased: Pen,
 }
 
-/// One tenant's money state, for tests and diagnostics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TenantView {
-    pub lease: Pen,
-    pub reserved: Pen,
-    pub unflushed: Pen,
-    pub open: u64,
-}
+/// One tenant's money state, for the account routes, tests and diagnostics.
+pub type TenantView = Held;
 
 fn timed_out() -> Refusal {
     Refusal::StoreUnavailable(format!(
         "no answer from the store within {LEASE_CALL_TIMEOUT:?}"
     ))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Accounts {
@@ -192,7 +146,13 @@ impl Accounts {
             store,
             replica,
             chunk,
-            fence,
+            timing: Timing {
+                fence: ms(fence),
+                dry_memory: ms(DRY_MEMORY),
+                failure_memory: ms(FAILURE_MEMORY),
+                doubt_settle: ms(DOUBT_SETTLE),
+            },
+            origin: Instant::now(),
             accounts: Mutex::new(HashMap::new()),
         })
     }
@@ -201,34 +161,26 @@ impl Accounts {
         &self.replica
     }
 
+    fn now(&self) -> Tick {
+        ms(self.origin.elapsed())
+    }
+
     fn account(&self, tenant: TenantId) -> Arc<Account> {
         self.accounts
             .lock()
             .entry(tenant)
             .or_insert_with(|| {
                 Arc::new(Account {
-                    state: Mutex::new(State::default()),
-                    lease_lock: tokio::sync::Mutex::new(()),
+                    book: Mutex::new(Book::default()),
+                    call_ended: tokio::sync::Notify::new(),
                     returned: tokio::sync::Notify::new(),
                 })
             })
             .clone()
     }
 
-    fn try_reserve(&self, acct: &Account, amount: Pen) -> Result<(), Pen> {
-        let mut s = acct.state.lock();
-        s.last_activity = Some(Instant::now());
-        if !s.fresh(self.fence) {
-            return Err(Pen::ZERO);
-        }
-        let headroom = s.headroom();
-        if headroom >= amount {
-            s.reserved += amount;
-            s.open += 1;
-            Ok(())
-        } else {
-            Err(headroom)
-        }
+    fn known(&self, tenant: TenantId) -> Option<Arc<Account>> {
+        self.accounts.lock().get(&tenant).cloned()
     }
 
     /// Reserves `amount` for a request of `tenant`.
@@ -238,124 +190,99 @@ impl Accounts {
         amount: Pen,
     ) -> Result<Reservation, Refusal> {
         let acct = self.account(tenant);
-        let reservation = || Reservation {
-            tenant,
-            amount,
-            accounts: Some(self.clone()),
+        let mut admission = Admission {
+            acct: &acct,
+            req: Pending::new(amount),
         };
-        if self.try_reserve(&acct, amount).is_ok() {
-            return Ok(reservation());
-        }
         let deadline = tokio::time::Instant::now() + LEASE_CALL_TIMEOUT;
-        let serial = tokio::time::timeout_at(deadline, acct.lease_lock.lock())
-            .await
-            .map_err(|_| timed_out())?;
-        let headroom = match self.try_reserve(&acct, amount) {
-            Ok(()) => return Ok(reservation()),
-            Err(h) => h,
-        };
-        let (flushes, local) = {
-            let s = acct.state.lock();
-            if let Some(at) = s.failed_at.filter(|t| t.elapsed() < FAILURE_MEMORY) {
-                return Err(Refusal::StoreUnavailable(format!(
-                    "a lease call failed {:?} ago",
-                    at.elapsed()
-                )));
+        let mut recall_until = None;
+        loop {
+            // Armed before the book is asked, so a call that ends in between still wakes us.
+            let call_ended = acct.call_ended.notified();
+            tokio::pin!(call_ended);
+            call_ended.as_mut().enable();
+            let step = {
+                let mut book = acct.book.lock();
+                book.admit(&mut admission.req, self.chunk, &self.timing, self.now())
+            };
+            match step {
+                Step::Admit => {
+                    return Ok(Reservation {
+                        tenant,
+                        amount,
+                        accounts: Some(self.clone()),
+                    })
+                }
+                Step::Refuse(r) => return Err(refusal(r)),
+                Step::Wait => {
+                    if tokio::time::timeout_at(deadline, call_ended).await.is_err() {
+                        return Err(timed_out());
+                    }
+                }
+                Step::Ask(ask) => {
+                    let call = self.spawn_grant(tenant, acct.clone(), ask);
+                    match tokio::time::timeout_at(deadline, call).await {
+                        Ok(Ok(Ok(reply))) => admission.req.granted(ask, &reply),
+                        // The book has the failure: asking it again refuses.
+                        Ok(Ok(Err(CallFailed))) => {}
+                        Ok(Err(_)) | Err(_) => return Err(timed_out()),
+                    }
+                }
+                Step::Recall => {
+                    let until = *recall_until.get_or_insert_with(|| {
+                        (tokio::time::Instant::now() + RECALL_WAIT).min(deadline)
+                    });
+                    if self.recall(&acct, tenant, until).await {
+                        admission.req.money_returned();
+                    } else {
+                        admission.req.recall_over();
+                    }
+                }
             }
-            let dry = s.dry_at.is_some_and(|t| t.elapsed() < DRY_MEMORY);
-            if dry && s.fresh(self.fence) {
-                // The store had nothing unleased a moment ago: refuse without a write
-                // transaction per refusal.
-                return Err(Refusal::Insufficient {
-                    needed: amount,
-                    available: headroom.max(Pen::ZERO),
-                });
-            }
-            (s.flushes, s.lease)
-        };
+        }
+    }
+
+    /// One grant in its own task, which applies the answer to the book whatever becomes of the
+    /// request that asked (see the module docs).
+    fn spawn_grant(
+        &self,
+        tenant: TenantId,
+        acct: Arc<Account>,
+        ask: book::LeaseAsk,
+    ) -> tokio::task::JoinHandle<Result<book::GrantReply, CallFailed>> {
+        let store = self.store.clone();
+        let replica = self.replica.clone();
+        let (origin, sent) = (self.origin, self.now());
         let ask = LeaseAsk {
-            need: amount - headroom.max(Pen::ZERO),
-            want: self.chunk,
+            need: ask.need,
+            want: ask.want,
         };
-        let grant = self
-            .grant(&acct, tenant, ask, flushes, local, deadline)
-            .await?;
-        if self.try_reserve(&acct, amount).is_ok() {
-            return Ok(reservation());
-        }
-        if grant.elsewhere > Pen::ZERO
-            && self.recall(&acct, tenant, amount, deadline, serial).await? == Some(true)
-        {
-            return Ok(reservation());
-        }
-        // The store has nothing unleased that would do, and the other replicas returned what
-        // they could: refuse the tenant's requests that do not fit for a moment without asking.
-        let available = {
-            let mut s = acct.state.lock();
-            s.dry_at = Some(Instant::now());
-            s.headroom()
-        };
-        Err(Refusal::Insufficient {
-            needed: amount,
-            available: available.max(Pen::ZERO),
+        tokio::spawn(async move {
+            let call = store.grant_lease(&replica, tenant, ask);
+            let result = match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
+                Ok(Ok(g)) => Ok(book::GrantReply::from(g)),
+                Ok(Err(e)) => {
+                    log::warn!("a lease grant for tenant {tenant} failed: {e}");
+                    Err(CallFailed)
+                }
+                Err(_) => {
+                    log::warn!("a lease grant for tenant {tenant} timed out");
+                    Err(CallFailed)
+                }
+            };
+            acct.book
+                .lock()
+                .granted(sent, &result, ms(origin.elapsed()));
+            acct.call_ended.notify_waiters();
+            result
         })
     }
 
-    /// One lease call for `ask` (the caller holds the tenant's lease lock), applied to the
-    /// local state as the module docs say. `flushes`/`local`: the account's flush count and
-    /// lease when the caller read its headroom.
-    async fn grant(
-        &self,
-        acct: &Account,
-        tenant: TenantId,
-        ask: LeaseAsk,
-        flushes: u64,
-        local: Pen,
-        deadline: tokio::time::Instant,
-    ) -> Result<crate::store::LeaseGrant, Refusal> {
-        let sent = Instant::now();
-        let call = self.store.grant_lease(&self.replica, tenant, ask);
-        let grant = match tokio::time::timeout_at(deadline, call).await {
-            Ok(Ok(g)) => g,
-            Ok(Err(e)) => {
-                acct.state.lock().failed_at = Some(Instant::now());
-                return Err(Refusal::StoreUnavailable(e.to_string()));
-            }
-            Err(_) => {
-                // The grant may still commit: the next heartbeat picks it up.
-                acct.state.lock().failed_at = Some(Instant::now());
-                return Err(timed_out());
-            }
-        };
-        let mut s = acct.state.lock();
-        s.correct(grant.held, flushes, local, grant.granted);
-        s.confirmed = Some(sent);
-        s.failed_at = None;
-        s.dry_at = None;
-        Ok(grant)
-    }
-
-    /// Asks the other replicas to return their idle leases on `tenant`, then asks the store
-    /// again each time one says it did, until `amount` fits or [`RECALL_WAIT`] is over.
-    /// `Some(true)`: it fits now (reserved); `Some(false)`/`None`: still short (`None` when the
-    /// store has no channel to the other replicas).
-    ///
-    /// `serial` (the tenant's lease lock) is let go while it waits: replicas short at the same
-    /// moment ask each other, and [`Accounts::give_back_idle`] returns only a lease whose lock
-    /// is free — held, every one of them would wait out [`RECALL_WAIT`] and refuse while
-    /// together they held enough. Let go, each returns what it holds idle, the money pools in
-    /// the store, and the first to ask again takes what its request needs.
-    async fn recall(
-        &self,
-        acct: &Account,
-        tenant: TenantId,
-        amount: Pen,
-        deadline: tokio::time::Instant,
-        serial: tokio::sync::MutexGuard<'_, ()>,
-    ) -> Result<Option<bool>, Refusal> {
-        let until = tokio::time::Instant::now() + RECALL_WAIT;
-        let until = until.min(deadline);
-        let mut returned = std::pin::pin!(acct.returned.notified());
+    /// Asks the other replicas to return their free leases on `tenant` and waits until one
+    /// says it did (true) or `until` (false; also at once when there is nobody to ask).
+    async fn recall(&self, acct: &Account, tenant: TenantId, until: tokio::time::Instant) -> bool {
+        let returned = acct.returned.notified();
+        tokio::pin!(returned);
         returned.as_mut().enable();
         let signal = ReplicaSignal::RecallLeases {
             tenant,
@@ -367,162 +294,121 @@ impl Accounts {
                 .with_label_values(&["sent"])
                 .inc(),
             // No channel to other replicas (SQLite): nobody to ask.
-            Ok(Ok(false)) => return Ok(None),
+            Ok(Ok(false)) => return false,
             Ok(Err(e)) => {
                 log::warn!("cannot ask other replicas for the leases of tenant {tenant}: {e}");
-                return Ok(None);
+                return false;
             }
-            Err(_) => return Ok(None),
+            Err(_) => return false,
         }
-        drop(serial);
-        loop {
-            if tokio::time::timeout_at(until, returned.as_mut())
-                .await
-                .is_err()
-            {
-                return Ok(Some(false));
-            }
-            returned.set(acct.returned.notified());
-            returned.as_mut().enable();
-            let _serial = tokio::time::timeout_at(deadline, acct.lease_lock.lock())
-                .await
-                .map_err(|_| timed_out())?;
-            if self.try_reserve(acct, amount).is_ok() {
-                return Ok(Some(true));
-            }
-            let (flushes, local, headroom) = {
-                let s = acct.state.lock();
-                (s.flushes, s.lease, s.headroom())
-            };
-            let ask = LeaseAsk {
-                need: amount - headroom.max(Pen::ZERO),
-                want: self.chunk,
-            };
-            let grant = self
-                .grant(acct, tenant, ask, flushes, local, deadline)
-                .await?;
-            if self.try_reserve(acct, amount).is_ok() {
-                return Ok(Some(true));
-            }
-            if grant.elsewhere == Pen::ZERO {
-                return Ok(Some(false));
-            }
-        }
+        tokio::time::timeout_at(until, returned).await.is_ok()
     }
 
-    /// Replaces a reservation by the real charge, capped at the reservation (kept as unflushed
-    /// until the ledger writes it). Returns what is billed: `charge.min(reservation.amount)`.
+    /// Replaces a reservation by the real charge, capped at the reservation (unwritten until
+    /// the ledger writes it). Returns what is billed: `charge.min(reservation.amount)`.
     pub fn settle(&self, mut reservation: Reservation, charge: Pen) -> Pen {
         reservation.accounts = None;
-        let billed = charge.min(reservation.amount).max(Pen::ZERO);
-        self.release(reservation.tenant, reservation.amount, billed);
-        billed
+        self.account(reservation.tenant)
+            .book
+            .lock()
+            .settle(reservation.amount, charge)
     }
 
-    fn release(&self, tenant: TenantId, reserved: Pen, charge: Pen) {
-        let acct = self.account(tenant);
-        let mut s = acct.state.lock();
-        s.reserved -= reserved;
-        s.unflushed += charge;
-        s.open = s.open.saturating_sub(1);
-        s.last_activity = Some(Instant::now());
+    /// The ledger writer's `record`, sent at `sent` (see [`Accounts::tick`]), changed these
+    /// lease rows of this replica.
+    pub fn recorded(&self, sent: Tick, leases: &[(TenantId, LeaseReading)]) {
+        let now = self.now();
+        for (tenant, reading) in leases {
+            self.account(*tenant)
+                .book
+                .lock()
+                .apply(Some(*reading), sent, now);
+        }
     }
 
-    /// The ledger wrote `charged` of `tenant`'s charges: the store lowered balance and lease.
-    pub fn flushed(&self, tenant: TenantId, charged: Pen) {
-        let acct = self.account(tenant);
-        let mut s = acct.state.lock();
-        s.unflushed -= charged;
-        s.lease = (s.lease - charged).max(Pen::ZERO);
-        s.flushes += 1;
+    /// Now, as the books count time: what a caller passes back as a call's `sent`.
+    pub fn tick(&self) -> Tick {
+        self.now()
     }
 
-    /// The store refused to record `charge` of `tenant` (the row went to the dead-letter
-    /// table): nothing moved in the store, so only the local unflushed amount goes.
+    /// The store refused to record `charge` of `tenant` for good (the row went to the
+    /// dead-letter table): it will never be charged against the lease.
     pub fn abandoned(&self, tenant: TenantId, charge: Pen) {
-        let acct = self.account(tenant);
-        acct.state.lock().unflushed -= charge;
+        self.account(tenant).book.lock().abandon(charge);
     }
 
-    /// Gives back leases of tenants idle for `idle_for` with nothing reserved or unflushed.
-    ///
-    /// The local lease is zeroed *before* the store call, under the state lock, so the
-    /// lock-free admission path cannot reserve against money being given back. If the call
-    /// fails it is not restored here (the release may have committed anyway): the next
-    /// heartbeat sets the local lease to what the store holds.
+    /// Gives back the leases of tenants idle for `idle_for` with nothing in flight or unwritten.
     pub async fn return_idle_leases(&self, idle_for: Duration) {
         for (tenant, acct) in self.snapshot() {
-            let Ok(_serial) = acct.lease_lock.try_lock() else {
-                continue;
-            };
-            let give_back = {
-                let mut s = acct.state.lock();
-                let idle = s.last_activity.is_none_or(|t| t.elapsed() >= idle_for);
-                if idle && s.open == 0 && s.unflushed == Pen::ZERO && s.lease > Pen::ZERO {
-                    std::mem::take(&mut s.lease)
-                } else {
-                    continue;
-                }
-            };
-            let call = self.store.release_lease(&self.replica, tenant, give_back);
-            match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => log::warn!(
-                    "returning the lease of tenant {tenant} failed: {e}; the next heartbeat restores it"
-                ),
-                Err(_) => log::warn!(
-                    "returning the lease of tenant {tenant} timed out; the next heartbeat restores it"
-                ),
+            let release = acct.book.lock().release_idle(ms(idle_for), self.now());
+            if let Some(amount) = release {
+                self.release(tenant, &acct, amount).await;
             }
         }
     }
 
-    /// Gives back the part of this replica's lease on `tenant` that nothing here needs (the
-    /// lease minus open reservations and unwritten charges), at once: another replica asked
-    /// for it (see the module docs). Returns what was given back. It waits for the tenant's
-    /// lease lock (at most [`RECALL_WAIT`], after which the asker has given up): a request of
-    /// this replica holds it for one store call, and lets it go while it waits for leases
-    /// itself — so replicas short at the same moment each return what they hold idle instead
-    /// of each keeping it for itself. As in [`Accounts::return_idle_leases`], the local lease
-    /// is lowered first, under the state lock, so admission cannot reserve against money being
-    /// given back.
-    pub async fn give_back_idle(&self, tenant: TenantId) -> Pen {
-        let Some(acct) = self.accounts.lock().get(&tenant).cloned() else {
+    /// Gives back what this replica holds free on `tenant` at once (another replica asked for
+    /// it), waiting up to [`RECALL_WAIT`] for a lease call in flight to end first. Returns what
+    /// was given back.
+    pub async fn give_back_free(&self, tenant: TenantId) -> Pen {
+        let Some(acct) = self.known(tenant) else {
             return Pen::ZERO;
         };
-        let Ok(_serial) = tokio::time::timeout(RECALL_WAIT, acct.lease_lock.lock()).await else {
-            return Pen::ZERO;
-        };
-        let give_back = {
-            let mut s = acct.state.lock();
-            let idle = s.headroom();
-            if idle <= Pen::ZERO {
-                return Pen::ZERO;
-            }
-            s.lease -= idle;
-            idle
-        };
-        let call = self.store.release_lease(&self.replica, tenant, give_back);
-        match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
-            Ok(Ok(())) => give_back,
-            Ok(Err(e)) => {
-                log::warn!(
-                    "returning the idle lease of tenant {tenant} failed: {e}; the next heartbeat restores it"
-                );
-                Pen::ZERO
-            }
-            Err(_) => {
-                log::warn!(
-                    "returning the idle lease of tenant {tenant} timed out; the next heartbeat restores it"
-                );
-                Pen::ZERO
+        let until = tokio::time::Instant::now() + RECALL_WAIT;
+        loop {
+            let call_ended = acct.call_ended.notified();
+            tokio::pin!(call_ended);
+            call_ended.as_mut().enable();
+            let (release, busy) = {
+                let mut book = acct.book.lock();
+                let busy = book.call_in_flight();
+                (book.release_free(), busy)
+            };
+            match release {
+                Some(amount) => return self.release(tenant, &acct, amount).await,
+                None if busy => {
+                    if tokio::time::timeout_at(until, call_ended).await.is_err() {
+                        return Pen::ZERO;
+                    }
+                }
+                None => return Pen::ZERO,
             }
         }
+    }
+
+    /// Releases `amount` (the book subtracted it already) and tells the other replicas.
+    async fn release(&self, tenant: TenantId, acct: &Account, amount: Pen) -> Pen {
+        let sent = self.now();
+        let call = self.store.release_lease(&self.replica, tenant, amount);
+        let result = match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
+            Ok(Ok(reading)) => Ok(reading),
+            Ok(Err(e)) => {
+                log::warn!("returning lease of tenant {tenant} failed: {e}");
+                Err(CallFailed)
+            }
+            Err(_) => {
+                log::warn!("returning lease of tenant {tenant} timed out");
+                Err(CallFailed)
+            }
+        };
+        let given = result.is_ok();
+        acct.book
+            .lock()
+            .released(amount, sent, result, &self.timing, self.now());
+        acct.call_ended.notify_waiters();
+        if !given {
+            return Pen::ZERO;
+        }
+        let done = ReplicaSignal::LeasesReturned { tenant };
+        if let Err(e) = self.store.notify_replicas(&done).await {
+            log::warn!("cannot tell replicas a lease came home: {e}");
+        }
+        amount
     }
 
     /// Handles the signals other replicas send through the store until the channel closes:
-    /// returns idle leases when asked ([`ReplicaSignal::RecallLeases`]) and says so, and wakes
-    /// requests waiting for returned leases ([`ReplicaSignal::LeasesReturned`]).
+    /// returns free leases when asked ([`ReplicaSignal::RecallLeases`]), and notes money that
+    /// came home ([`ReplicaSignal::LeasesReturned`]).
     pub async fn follow_signals(
         self: Arc<Self>,
         mut signals: tokio::sync::mpsc::Receiver<ReplicaSignal>,
@@ -535,66 +421,51 @@ impl Accounts {
                     }
                     let me = self.clone();
                     tokio::spawn(async move {
-                        let given = me.give_back_idle(tenant).await;
-                        if given > Pen::ZERO {
+                        if me.give_back_free(tenant).await > Pen::ZERO {
                             crate::metrics::m()
                                 .lease_recalls
                                 .with_label_values(&["returned"])
                                 .inc();
-                            let done = ReplicaSignal::LeasesReturned { tenant };
-                            if let Err(e) = me.store.notify_replicas(&done).await {
-                                log::warn!("cannot tell replicas a lease came home: {e}");
-                            }
                         }
                     });
                 }
-                ReplicaSignal::LeasesReturned { tenant } => {
-                    if let Some(acct) = self.accounts.lock().get(&tenant) {
-                        acct.returned.notify_waiters();
-                    }
-                }
+                ReplicaSignal::LeasesReturned { tenant } => self.money_arrived(tenant),
             }
         }
     }
 
-    /// Refreshes this replica's leases in the store and corrects the local ones to what the
-    /// store holds (see the module docs). A tenant whose lease lock is busy is skipped this
-    /// time (its acquisition confirms it).
+    /// Money came home to `tenant`'s balance (another replica returned a lease, or a top-up):
+    /// requests that found the store dry ask again.
+    pub fn money_arrived(&self, tenant: TenantId) {
+        if let Some(acct) = self.known(tenant) {
+            acct.book.lock().money_arrived();
+            acct.returned.notify_waiters();
+        }
+    }
+
+    /// Refreshes this replica's leases in the store and hands every book the row the store
+    /// holds for it (none: the row is gone).
     pub async fn heartbeat(&self) -> Result<(), StoreError> {
-        let before: HashMap<TenantId, (u64, Pen)> = self
-            .snapshot()
-            .into_iter()
-            .map(|(t, a)| {
-                let s = a.state.lock();
-                (t, (s.flushes, s.lease))
-            })
-            .collect();
-        let sent = Instant::now();
+        let sent = self.now();
         let stored = tokio::time::timeout(LEASE_CALL_TIMEOUT, self.store.heartbeat(&self.replica))
             .await
             .map_err(|_| StoreError::Backend("the lease heartbeat timed out".into()))??;
-        let stored: HashMap<TenantId, Pen> = stored.into_iter().collect();
+        let stored: HashMap<TenantId, LeaseReading> = stored.into_iter().collect();
         for tenant in stored.keys() {
-            // A lease this replica did not know about (a grant whose reply was lost).
+            // A row this replica did not know about (a grant whose answer was lost).
             self.account(*tenant);
         }
+        let now = self.now();
         for (tenant, acct) in self.snapshot() {
-            let Ok(_serial) = acct.lease_lock.try_lock() else {
-                continue;
-            };
-            let held = stored.get(&tenant).copied().unwrap_or(Pen::ZERO);
-            let mut s = acct.state.lock();
-            // An account created during the call started from nothing.
-            let (flushes, lease) = before.get(&tenant).copied().unwrap_or_default();
-            s.correct(held, flushes, lease, Pen::ZERO);
-            if s.lease != held {
-                log::debug!(
-                    "tenant {tenant}: local lease {} vs stored {}",
-                    s.lease.to_decimal(),
-                    held.to_decimal()
+            let mut book = acct.book.lock();
+            book.heartbeat(stored.get(&tenant).copied(), sent, now);
+            if book.is_lost() {
+                log::error!(
+                    "the store no longer has this replica's lease on tenant {tenant} (it was cut \
+                     off from the store for too long): its requests are refused; restart this \
+                     replica"
                 );
             }
-            s.confirmed = Some(sent);
         }
         Ok(())
     }
@@ -609,29 +480,46 @@ impl Accounts {
 
     /// One tenant's state (zeros if unknown).
     pub fn view(&self, tenant: TenantId) -> TenantView {
-        let acct = self.accounts.lock().get(&tenant).cloned();
-        acct.map(|a| {
-            let s = a.state.lock();
-            TenantView {
-                lease: s.lease,
-                reserved: s.reserved,
-                unflushed: s.unflushed,
-                open: s.open,
-            }
-        })
-        .unwrap_or_default()
+        self.known(tenant)
+            .map(|a| a.book.lock().held())
+            .unwrap_or_default()
     }
 
     pub fn totals(&self) -> Totals {
-        let accounts = self.accounts.lock();
         let mut t = Totals::default();
-        for a in accounts.values() {
-            let s = a.state.lock();
-            t.open += s.open;
-            t.reserved += s.reserved;
-            t.unflushed += s.unflushed;
-            t.leased += s.lease;
+        for (_, a) in self.snapshot() {
+            let h = a.book.lock().held();
+            t.open += h.open;
+            t.reserved += h.reserved;
+            t.unrecorded += h.unrecorded;
+            t.leased += h.lease;
         }
         t
+    }
+}
+
+/// A request in admission; leaving it early (a cancelled task) tells the book.
+struct Admission<'a> {
+    acct: &'a Account,
+    req: Pending,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.acct.book.lock().forget(&mut self.req);
+    }
+}
+
+fn refusal(r: book::Refusal) -> Refusal {
+    match r {
+        book::Refusal::Insufficient { needed, available } => {
+            Refusal::Insufficient { needed, available }
+        }
+        book::Refusal::StoreFailed => {
+            Refusal::StoreUnavailable("a lease call failed a moment ago".into())
+        }
+        book::Refusal::LeaseLost => Refusal::StoreUnavailable(
+            "this replica's leases are gone from the store; it must restart".into(),
+        ),
     }
 }

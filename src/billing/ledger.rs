@@ -31,9 +31,8 @@ use super::spill;
 use crate::metrics::m;
 use crate::money::Pen;
 use crate::store::StoreError;
-use crate::store::{LedgerRow, Store, TenantId};
+use crate::store::{LedgerRow, Store};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -373,6 +372,7 @@ impl LedgerWriter {
         let mut backoff = Duration::from_millis(50);
         loop {
             let started = Instant::now();
+            let sent = self.accounts.tick();
             let Some(result) = self
                 .bounded(self.store.record(self.accounts.replica(), batch))
                 .await
@@ -387,22 +387,19 @@ impl LedgerWriter {
                 return Err(Failure::OutOfTime);
             };
             match result {
-                Ok(new) => {
+                Ok(recorded) => {
                     let secs = started.elapsed().as_secs_f64();
                     m().ledger_flush_seconds
                         .with_label_values(&["ok"])
                         .observe(secs);
+                    let new = recorded.new;
                     m().ledger_rows.with_label_values(&["new"]).inc_by(new);
                     m().ledger_rows
                         .with_label_values(&["duplicate"])
                         .inc_by(batch.len() as u64 - new.min(batch.len() as u64));
-                    let mut per_tenant: HashMap<TenantId, Pen> = HashMap::new();
-                    for r in batch {
-                        *per_tenant.entry(r.tenant_id).or_default() += r.charge;
-                    }
-                    for (tenant, charged) in per_tenant {
-                        self.accounts.flushed(tenant, charged);
-                    }
+                    // The lease rows as the write left them: the books count these charges
+                    // as written from here on (a retried batch's rows included).
+                    self.accounts.recorded(sent, &recorded.leases);
                     return Ok(());
                 }
                 Err(e) if !e.is_transient() => {
@@ -498,6 +495,7 @@ impl LedgerWriter {
 mod tests {
     use super::*;
     use crate::store::sqlite::SqliteStore;
+    use crate::store::TenantId;
 
     fn row(id: &str, tenant: TenantId, picos: i128) -> LedgerRow {
         LedgerRow {

@@ -13,6 +13,7 @@ use super::{OpsError, OpsResult};
 use crate::account::page::{Cursor, PageParams};
 use crate::account::period::{day_of, day_start, day_text, month_start, offset_text};
 use crate::account::{GroupBy, UsageParams};
+use crate::billing::policy::book::{account_view, Held};
 use crate::config::Limits;
 use crate::money::Pen;
 use crate::store::usage::{
@@ -126,15 +127,14 @@ fn key_view(k: KeyUsage, defaults: &Limits) -> KeyView {
     }
 }
 
-/// What this gateway replica holds of the tenant's money right now (`billing::Accounts`).
-/// Each replica knows its own: with several, each answers with what it holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct InFlight {
-    /// Held by requests in flight.
-    pub reserved: Pen,
-    /// Charged for requests that ended, not yet written to the ledger (milliseconds).
-    pub pending: Pen,
-    pub requests: u64,
+/// What this gateway replica holds of the tenant's money (`billing::Accounts`). Each replica
+/// knows its own: with several, each answers with what it holds. The store reads this
+/// replica's lease row in the transaction that reads the balance, and `held` is read after it,
+/// so the view knows exactly which of the replica's charges the balance holds already (see
+/// [`quipu_core::billing::book::account_view`]): `available` never counts one twice.
+pub struct Local<'a> {
+    pub replica: &'a str,
+    pub held: &'a (dyn Fn() -> Held + Send + Sync),
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -188,17 +188,19 @@ pub struct AccountView {
 }
 
 /// The account of `tenant` as `key` sees it (`None`: as the operator sees it), with this
-/// replica's `in_flight` money, `now` and days in `offset_ms`.
+/// replica's money in flight, `now` and days in `offset_ms`.
 pub async fn account(
     store: &dyn Store,
     tenant: TenantId,
     key: Option<&str>,
-    in_flight: InFlight,
+    local: Local<'_>,
     defaults: &Limits,
     offset_ms: i64,
     now: UnixMs,
 ) -> OpsResult<AccountView> {
-    let facts = store.account(tenant, key).await?;
+    let facts = store.account(tenant, key, local.replica).await?;
+    let held = (local.held)();
+    let money = account_view(facts.balance, facts.lease, &held);
     let today = day_of(now, offset_ms);
     let spent_since = |day: i64| async move {
         let q = UsageQuery {
@@ -214,7 +216,6 @@ pub async fn account(
     };
     let month = spent_since(month_start(today)).await?;
     let day = spent_since(today).await?;
-    let available = facts.balance - in_flight.pending - in_flight.reserved;
     let key_view = facts.key.map(|k| key_view(k, defaults));
     Ok(AccountView {
         object: "account",
@@ -225,10 +226,10 @@ pub async fn account(
         },
         currency: "PEN",
         balance: facts.balance.into(),
-        pending: in_flight.pending.into(),
-        reserved: in_flight.reserved.into(),
-        requests_in_flight: in_flight.requests,
-        available: available.into(),
+        pending: money.pending.into(),
+        reserved: money.reserved.into(),
+        requests_in_flight: held.open,
+        available: money.available.into(),
         spend: Spend {
             today: day.into(),
             this_month: month.into(),
@@ -710,14 +711,22 @@ mod tests {
             tenant_tokens_per_minute: 0,
             ..Limits::default()
         };
-        let inflight = InFlight {
+        // Billed here S/ 0.50 that no row of this replica holds yet, S/ 1.00 in flight.
+        let held = || Held {
+            settled: Pen::from_centimos(50),
             reserved: Pen::from_centimos(100),
-            pending: Pen::from_centimos(50),
-            requests: 1,
+            open: 1,
+            ..Held::default()
         };
-        let a = account(&*s, t, Some(&k.key_id), inflight, &defaults, 0, now)
+        let local = Local {
+            replica: "r",
+            held: &held,
+        };
+        let a = account(&*s, t, Some(&k.key_id), local, &defaults, 0, now)
             .await
             .unwrap();
+        assert_eq!(a.pending.exact, "0.50");
+        assert_eq!(a.requests_in_flight, 1);
         assert_eq!(a.balance.exact, "67.50");
         assert_eq!(a.balance.display, "S/ 67.50");
         assert_eq!(a.available.exact, "66.00");

@@ -185,7 +185,7 @@ async fn import_file(
     let mut per_tenant: BTreeMap<TenantId, (u64, Pen)> = BTreeMap::new();
     for (i, s) in rows.into_iter().enumerate() {
         match store.record(&s.replica, std::slice::from_ref(&s.row)).await {
-            Ok(0) => duplicate.push(s.row.request_id),
+            Ok(r) if r.new == 0 => duplicate.push(s.row.request_id),
             Ok(_) => {
                 let t = per_tenant.entry(s.row.tenant_id).or_default();
                 t.0 += 1;

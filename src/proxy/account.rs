@@ -19,7 +19,7 @@ use crate::account::query::Query;
 use crate::account::{self as params, UsageParams};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::metrics::m;
-use crate::ops::account::{self as view, InFlight};
+use crate::ops::account::{self as view, Local};
 use crate::ops::OpsError;
 use crate::route::AccountRoute;
 use crate::store::{now_ms, Store};
@@ -111,17 +111,16 @@ pub async fn handle(
     let defaults = &gw.config.limits;
     let body = match ask {
         Ask::Account { offset_ms } => {
-            let held = gw.accounts.view(tenant);
-            let in_flight = InFlight {
-                reserved: held.reserved,
-                pending: held.unflushed,
-                requests: held.open,
+            let held = || gw.accounts.view(tenant);
+            let local = Local {
+                replica: gw.accounts.replica(),
+                held: &held,
             };
             view::account(
                 store,
                 tenant,
                 Some(&p.key_id),
-                in_flight,
+                local,
                 defaults,
                 offset_ms,
                 now,

@@ -82,7 +82,7 @@ async fn a_request_that_never_reaches_finish_is_billed_once_from_drop() {
     assert!(r.is_err());
     assert_eq!(handle.queued(), 1);
     let v = accounts.view(t);
-    assert_eq!((v.reserved, v.unflushed, v.open), (Pen::ZERO, charge, 0));
+    assert_eq!((v.reserved, v.unrecorded, v.open), (Pen::ZERO, charge, 0));
 
     // Settled normally, then dropped: billed once.
     let mut ctx = admitted(accounts.reserve(t, Pen::from_centimos(100)).await.unwrap());

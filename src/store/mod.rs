@@ -204,16 +204,39 @@ impl LeaseAsk {
     }
 }
 
+/// One replica's lease row on a tenant as one transaction saw it: `amount` leased and not yet
+/// charged, `spent` (the charges recorded against it, ever) and the row's `version`.
+pub use quipu_core::billing::book::Reading as LeaseReading;
+
 /// What [`Store::grant_lease`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseGrant {
+    /// The replica's lease row after the grant.
+    pub reading: LeaseReading,
     /// Added to the lease now (possibly zero).
     pub granted: Pen,
-    /// The replica's lease on the tenant after the grant.
-    pub held: Pen,
     /// What other replicas hold on the tenant: money a refused request could get if they
     /// returned what they hold idle.
     pub elsewhere: Pen,
+}
+
+impl From<LeaseGrant> for quipu_core::billing::book::GrantReply {
+    fn from(g: LeaseGrant) -> Self {
+        quipu_core::billing::book::GrantReply {
+            reading: g.reading,
+            granted: g.granted,
+            elsewhere: g.elsewhere,
+        }
+    }
+}
+
+/// What [`Store::record`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// Rows that were new (the others were in the ledger already).
+    pub new: u64,
+    /// The recording replica's lease rows that the new rows charged, after the charge.
+    pub leases: Vec<(TenantId, LeaseReading)>,
 }
 
 /// A message from one replica to the others sharing the store.
@@ -406,11 +429,12 @@ pub trait Store: UsageStore + Send + Sync {
     async fn balance(&self, tenant: TenantId) -> StoreResult<Balance>;
 
     /// Records request rows atomically and idempotently: a row whose `request_id` is already in
-    /// the ledger is skipped. For each new row the tenant's balance and `replica`'s lease on it
-    /// drop by the charge (the lease not below zero). Returns how many rows were new. A row
-    /// that can never be written fails the whole call with `Invalid` (or `NotFound` for an
+    /// the ledger is skipped. For each new row the tenant's balance drops by the charge, and
+    /// `replica`'s lease row on the tenant, if it has one, moves the charge from `amount` (not
+    /// below zero) to `spent`. Returns how many rows were new and the lease rows it changed. A
+    /// row that can never be written fails the whole call with `Invalid` (or `NotFound` for an
     /// unknown tenant), nothing written.
-    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<u64>;
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded>;
     /// Puts a row that `record` refused into the dead-letter table (idempotent by request id).
     async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()>;
     /// The dead-letter table, oldest first.
@@ -425,23 +449,33 @@ pub trait Store: UsageStore + Send + Sync {
             .granted)
     }
     /// Leases part of the tenant's unleased balance to `replica`, as much as
-    /// [`lease_grant`](quipu_core::billing::lease::lease_grant) says for `ask`, and returns
-    /// the replica's whole lease after the grant (so it can correct its view: a lease
-    /// reclaimed behind its back, an earlier grant whose reply was lost) and what the other
-    /// replicas hold. Refreshes the replica's heartbeat.
+    /// [`lease_grant`](quipu_core::billing::lease::lease_grant) says for `ask` (creating the
+    /// replica's row, at zero if nothing is granted), and returns the row after the grant and
+    /// what the other replicas hold. Refreshes the replica's heartbeat.
     async fn grant_lease(
         &self,
         replica: &str,
         tenant: TenantId,
         ask: LeaseAsk,
     ) -> StoreResult<LeaseGrant>;
-    /// Gives back up to `amount` of `replica`'s lease on the tenant.
-    async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()>;
-    /// Marks every lease of `replica` as alive now and returns them (tenant, amount) as they
-    /// stand, so the replica can reconcile its view (a reclaimed lease is missing).
-    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, Pen)>>;
-    /// Deletes leases whose heartbeat is older than `now - max_age_ms`; returns how many.
+    /// Gives back up to `amount` of `replica`'s lease on the tenant; the row after it (`None`:
+    /// the replica has none).
+    async fn release_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        amount: Pen,
+    ) -> StoreResult<Option<LeaseReading>>;
+    /// Marks every lease row of `replica` as alive now and returns them as they stand, so the
+    /// replica can line its books up with them.
+    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>>;
+    /// Zeroes the leases whose heartbeat is older than `now - max_age_ms` (their replica is
+    /// presumed dead: the money goes back to its tenant) and returns how many. The rows stay,
+    /// with what they recorded, so a replica that was only cut off lines up again.
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64>;
+    /// Deletes the lease rows whose heartbeat is older than `now - max_age_ms` (replicas long
+    /// gone; zeroed by [`Store::reclaim_stale_leases`] long before); returns how many.
+    async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64>;
     /// Deletes every lease of `replica` (at start and at clean shutdown).
     async fn drop_leases(&self, replica: &str) -> StoreResult<()>;
 

@@ -24,8 +24,9 @@
 use super::rows::{top_up_entry, DbError};
 use super::{
     check_quota_asks, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant,
-    LedgerRow, NewKey, QuotaAsk, QuotaGrant, RejectedRow, ReplicaSignal, Statement, Store,
-    StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUpOutcome, UnixMs,
+    LeaseReading, LedgerRow, NewKey, QuotaAsk, QuotaGrant, Recorded, RejectedRow, ReplicaSignal,
+    Statement, Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary,
+    TopUpOutcome, UnixMs,
 };
 use crate::config::redact_url;
 use crate::money::Pen;
@@ -402,9 +403,9 @@ impl Store for PgStore {
         with_retry!(self, c => balances::balance_q(c, tenant))
     }
 
-    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<u64> {
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded> {
         if rows.is_empty() {
-            return Ok(0);
+            return Ok(Recorded::default());
         }
         let batch = ledger::batch_of(rows)?;
         with_retry!(self, c => ledger::record_tx(c, replica, &batch))
@@ -419,14 +420,17 @@ impl Store for PgStore {
         with_retry!(self, c => balances::acquire_lease_tx(c, replica, tenant, ask))
     }
 
-    async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()> {
-        if amount <= Pen::ZERO {
-            return Ok(());
-        }
+    async fn release_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        amount: Pen,
+    ) -> StoreResult<Option<LeaseReading>> {
+        let amount = amount.max(Pen::ZERO);
         with_retry!(self, c => balances::release_lease_q(c, replica, tenant, amount))
     }
 
-    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, Pen)>> {
+    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
         with_retry!(self, c => balances::heartbeat_q(c, replica))
     }
 
@@ -440,6 +444,10 @@ impl Store for PgStore {
 
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
         with_retry!(self, c => balances::reclaim_q(c, max_age_ms))
+    }
+
+    async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
+        with_retry!(self, c => balances::forget_q(c, max_age_ms))
     }
 
     async fn drop_leases(&self, replica: &str) -> StoreResult<()> {

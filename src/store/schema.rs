@@ -9,7 +9,7 @@
 //! | `tenants` | id, unique name, created_at, the materialised `balance` (exact pico-soles) |
 //! | `api_keys` | public id, tenant, label, `secret_sha256` (unique; never the secret), the secret's display prefix, created/revoked times, per-key rpm/tpm limits (NULL = configured default) |
 //! | `ledger` | the one money journal: `entry_id` (primary key: request id or top-up id), `kind` (`request` \| `topup`), tenant, `at`, signed `delta` in i64 pico-soles; request entries also carry key id, model, format, tokens, status, HTTP status; top-ups a note. Indexed by (tenant, at) for statements. |
-//! | `leases` | (tenant, replica) → leased amount (exact pico-soles) and `heartbeat_at` |
+//! | `leases` | (tenant, replica) → leased `amount` and recorded `spent` (exact pico-soles), `version`, `heartbeat_at` |
 //! | `responses` | stored responses of the Responses API: id, tenant, key id, model, created_at, the response object, its conversation's input items, size (migration 4) |
 //! | `ledger_rejects` | the dead-letter table: request rows `record` refused as invalid (request id, tenant, the row as JSON, why, when), so one bad row cannot stop the rows behind it |
 //! | `rate_windows` | shared rate-limit windows: (`subject`, `window_ms`, `window_start`) → `taken` (what the replicas took of the window's quota), `granted` (what the last take granted: PostgreSQL before 18 cannot return a row's old value), `ends_at`; `UNLOGGED` on PostgreSQL (a crash may forget the current window's counts, nothing else) |
@@ -42,6 +42,13 @@
 //! Migration 6 dropped `responses_by_age`: every stored response paid for its entry (about a
 //! sixth of the row's cost on SQLite), for a cleanup that runs once a minute; the retention
 //! now walks each tenant's rows by `responses_by_tenant`.
+//!
+//! Migration 7 added to `leases` `spent` (the charges of the replica's requests recorded
+//! against the lease, ever: `record` lowers `amount` and raises `spent` by each charge) and
+//! `version` (raised by every change of the row), so every answer about a lease is one
+//! consistent reading a replica can line its own books up with (`quipu_core::billing::book`).
+//! A stale lease is no longer deleted but zeroed (`reclaim_stale_leases`); the row of a replica
+//! silent for a day goes (`forget_silent_leases`).
 //!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
@@ -250,6 +257,13 @@ CREATE INDEX rate_windows_by_end ON rate_windows (ends_at);
 DROP INDEX responses_by_age;
 "#,
     ),
+    (
+        7,
+        r#"
+ALTER TABLE leases ADD COLUMN spent TEXT NOT NULL DEFAULT '0' CHECK (spent NOT LIKE '-%');
+ALTER TABLE leases ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+"#,
+    ),
 ];
 
 /// PostgreSQL migrations, `(version, SQL)`; the same logical schema as [`SQLITE_MIGRATIONS`].
@@ -404,6 +418,14 @@ CREATE INDEX rate_windows_by_end ON rate_windows (ends_at);
         6,
         r#"
 DROP INDEX responses_by_age;
+"#,
+    ),
+    (
+        7,
+        r#"
+ALTER TABLE leases
+    ADD COLUMN spent   NUMERIC(40,0) NOT NULL DEFAULT 0 CHECK (spent >= 0),
+    ADD COLUMN version BIGINT        NOT NULL DEFAULT 0;
 "#,
     ),
 ];

@@ -26,8 +26,8 @@
 use super::rows::{check_row, rejected, top_up_entry, DbError};
 use super::{
     check_quota_asks, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant,
-    LedgerRow, NewKey, QuotaAsk, QuotaGrant, RejectedRow, Statement, Store, StoreError,
-    StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUpOutcome, UnixMs,
+    LeaseReading, LedgerRow, NewKey, QuotaAsk, QuotaGrant, Recorded, RejectedRow, Statement, Store,
+    StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUpOutcome, UnixMs,
 };
 use crate::money::Pen;
 use async_trait::async_trait;
@@ -285,9 +285,9 @@ impl Store for SqliteStore {
         self.run(move |conn| balances::balance(conn, tenant)).await
     }
 
-    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<u64> {
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded> {
         if rows.is_empty() {
-            return Ok(0);
+            return Ok(Recorded::default());
         }
         let rows = rows
             .iter()
@@ -309,16 +309,19 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn release_lease(&self, replica: &str, tenant: TenantId, amount: Pen) -> StoreResult<()> {
-        if amount <= Pen::ZERO {
-            return Ok(());
-        }
+    async fn release_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        amount: Pen,
+    ) -> StoreResult<Option<LeaseReading>> {
+        let amount = amount.max(Pen::ZERO);
         let replica = replica.to_owned();
         self.run(move |conn| balances::release_lease(conn, replica, tenant, amount))
             .await
     }
 
-    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, Pen)>> {
+    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
         let replica = replica.to_owned();
         self.run(move |conn| balances::heartbeat(conn, replica))
             .await
@@ -335,6 +338,11 @@ impl Store for SqliteStore {
 
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
         self.run(move |conn| balances::reclaim_stale_leases(conn, max_age_ms))
+            .await
+    }
+
+    async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
+        self.run(move |conn| balances::forget_silent_leases(conn, max_age_ms))
             .await
     }
 

@@ -117,6 +117,9 @@ pub struct AccountFacts {
     pub key: Option<KeyUsage>,
     /// Everything the tenant's requests ever used.
     pub totals: UsageTotals,
+    /// The asking replica's lease row on the tenant, read with the balance: which of its
+    /// charges the balance holds already (`spent`).
+    pub lease: Option<super::LeaseReading>,
 }
 
 /// Where a page of a time-ordered listing starts: strictly before (newest-first listings) or
@@ -136,7 +139,12 @@ pub trait UsageStore: Send + Sync {
 
     /// The tenant, its balance and all-time totals, and `key` with its totals if it is one of
     /// the tenant's; `NotFound` if the tenant does not exist.
-    async fn account(&self, tenant: TenantId, key: Option<&str>) -> StoreResult<AccountFacts>;
+    async fn account(
+        &self,
+        tenant: TenantId,
+        key: Option<&str>,
+        replica: &str,
+    ) -> StoreResult<AccountFacts>;
 
     /// The tenant's keys, revoked ones included, oldest first, after `after`; at most `limit`.
     async fn keys_page(

@@ -80,7 +80,7 @@ pub async fn usage_equals_the_ledger_for_any_period_and_grouping(fx: &Fixture) {
         s.record("r1", chunk).await.unwrap();
     }
     // A replayed batch is not counted twice.
-    assert_eq!(s.record("r1", &rows[..50]).await.unwrap(), 0);
+    assert_eq!(s.record("r1", &rows[..50]).await.unwrap().new, 0);
 
     let periods = [
         (NOV_1, NOV_1 + 30 * DAY_MS),
@@ -139,7 +139,7 @@ pub async fn usage_equals_the_ledger_for_any_period_and_grouping(fx: &Fixture) {
     assert!(s.usage(&q(Some("colibri"))).await.unwrap().is_empty());
 
     // Keys and the account: all-time totals per key equal the ledger's.
-    let account = s.account(a, Some("key_bbbbbbbbbbbb")).await.unwrap();
+    let account = s.account(a, Some("key_bbbbbbbbbbbb"), "r1").await.unwrap();
     let all = expected(&rows, a, i64::MIN, i64::MAX, Grouping::Total);
     assert_eq!(account.totals, all[0].totals);
     assert_eq!(account.key, None, "a key id the tenant has no key under");
@@ -148,7 +148,7 @@ pub async fn usage_equals_the_ledger_for_any_period_and_grouping(fx: &Fixture) {
         soles("100000") - all[0].totals.charge,
         "the balance is the ledger's"
     );
-    let err = s.account(987_654, None).await.unwrap_err();
+    let err = s.account(987_654, None, "r1").await.unwrap_err();
     assert!(
         matches!(err, quipu::store::StoreError::NotFound(_)),
         "{err:?}"
@@ -282,9 +282,9 @@ pub async fn keys_requests_and_top_ups_are_paged_per_tenant(fx: &Fixture) {
         );
     }
     // Tenant b's key is not tenant a's, even by id.
-    let acct = s.account(a, Some(&keys[2].id)).await.unwrap();
+    let acct = s.account(a, Some(&keys[2].id), "r1").await.unwrap();
     assert_eq!(acct.key, None);
-    let own = s.account(b, Some(&keys[2].id)).await.unwrap();
+    let own = s.account(b, Some(&keys[2].id), "r1").await.unwrap();
     assert_eq!(own.key.unwrap().key.id, keys[2].id);
 }
 
@@ -371,7 +371,10 @@ pub async fn the_migration_sums_an_existing_ledger(fx: &Fixture) {
             );
         }
         let all = expected(&rows, tenant, i64::MIN, i64::MAX, Grouping::Total);
-        assert_eq!(s.account(tenant, None).await.unwrap().totals, all[0].totals);
+        assert_eq!(
+            s.account(tenant, None, "r1").await.unwrap().totals,
+            all[0].totals
+        );
     }
     // New rows add to what the migration summed.
     let mut more = row("after-1", 1, rows[2].at, &rows[2].model, Pen::from_picos(5));

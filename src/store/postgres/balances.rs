@@ -18,7 +18,10 @@ use crate::store::rows::{
     conflict_if_unique, replayed_top_up, tenant_missing, EarlierTopUp, Taken,
 };
 use crate::store::sql_money::{pen_from_text, pen_to_text};
-use crate::store::{now_ms, Balance, LeaseAsk, LeaseGrant, TenantId, TopUp, TopUpOutcome};
+use crate::store::{
+    now_ms, Balance, LeaseAsk, LeaseGrant, LeaseReading, ReplicaSignal, TenantId, TopUp,
+    TopUpOutcome,
+};
 use quipu_core::billing::lease::lease_grant;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
@@ -94,6 +97,17 @@ pub(super) async fn top_up_tx(
         )
         .await?;
     let balance = pen_from_text(&after.try_get::<_, String>(0)?, "tenants.balance")?;
+    // Replicas that found the tenant's balance all leased refuse from memory for a moment:
+    // tell them money arrived (delivered at commit, not before).
+    let arrived = ReplicaSignal::LeasesReturned { tenant }.to_payload();
+    tx.execute_typed(
+        "SELECT pg_notify($1, $2)",
+        &[
+            (&super::replicas::CHANNEL, Type::TEXT),
+            (&arrived, Type::TEXT),
+        ],
+    )
+    .await?;
     tx.commit().await?;
     Ok(TopUpOutcome {
         top_up: TopUp {
@@ -124,6 +138,18 @@ pub(super) async fn balance_q(client: &mut Client, tenant: TenantId) -> PgResult
     })
 }
 
+/// The lease columns every answer about a lease reads, in this order.
+const READING: &str = "amount::text, spent::text, version";
+
+/// A lease row as [`READING`] selects it, from column `at` on.
+pub(super) fn reading(row: &tokio_postgres::Row, at: usize) -> PgResult<LeaseReading> {
+    Ok(LeaseReading {
+        amount: pen_from_text(&row.try_get::<_, String>(at)?, "leases.amount")?,
+        spent: pen_from_text(&row.try_get::<_, String>(at + 1)?, "leases.spent")?,
+        version: row.try_get(at + 2)?,
+    })
+}
+
 pub(super) async fn acquire_lease_tx(
     client: &mut Client,
     replica: &str,
@@ -142,42 +168,33 @@ pub(super) async fn acquire_lease_tx(
         .await?;
     let own = pen_from_text(&leased.try_get::<_, String>(1)?, "leases.amount")?;
     let leased = pen_from_text(&leased.try_get::<_, String>(0)?, "leases.amount")?;
-    let grant = lease_grant(ask.need, ask.want, balance - leased);
-    if grant > Pen::ZERO {
-        tx.execute_typed(
-            concat!(
-                "INSERT INTO leases (tenant_id, replica, amount, heartbeat_at)
-                 VALUES ($1, $2, $3::numeric, ",
-                db_now_ms!(),
-                ")
+    let granted = lease_grant(ask.need, ask.want, balance - leased);
+    // The row is created even for nothing granted: a replica's answers about its lease are
+    // always about a row (see `quipu_core::billing::book`).
+    let row = tx
+        .query_typed_one(
+            &format!(
+                "INSERT INTO leases (tenant_id, replica, amount, heartbeat_at, version)
+                 VALUES ($1, $2, $3::numeric, {now}, 1)
                  ON CONFLICT (tenant_id, replica) DO UPDATE
                  SET amount = leases.amount + EXCLUDED.amount,
-                     heartbeat_at = EXCLUDED.heartbeat_at"
+                     heartbeat_at = EXCLUDED.heartbeat_at,
+                     version = leases.version + 1
+                 RETURNING {READING}",
+                now = db_now_ms!(),
             ),
             &[
                 (&tenant, Type::INT8),
                 (&replica, Type::TEXT),
-                (&pen_to_text(grant), Type::TEXT),
+                (&pen_to_text(granted), Type::TEXT),
             ],
         )
         .await?;
-    } else {
-        tx.execute_typed(
-            concat!(
-                "UPDATE leases SET heartbeat_at = ",
-                db_now_ms!(),
-                " WHERE tenant_id = $1 AND replica = $2"
-            ),
-            &[(&tenant, Type::INT8), (&replica, Type::TEXT)],
-        )
-        .await?;
-    }
+    let reading = reading(&row, 0)?;
     tx.commit().await?;
-    // The tenant row lock held the other writers of this lease off until commit (release and
-    // record of this replica only shrink it), so `own + grant` is what was committed.
     Ok(LeaseGrant {
-        granted: grant,
-        held: own + grant,
+        reading,
+        granted,
         elsewhere: leased - own,
     })
 }
@@ -187,13 +204,17 @@ pub(super) async fn release_lease_q(
     replica: &str,
     tenant: TenantId,
     amount: Pen,
-) -> PgResult<()> {
+) -> PgResult<Option<LeaseReading>> {
     // Shrinking a lease never breaks `Σ leases ≤ balance`, so no tenant lock is needed; the
     // row lock of the UPDATE serialises it with a concurrent `record` of the same replica.
-    client
-        .execute_typed(
-            "UPDATE leases SET amount = GREATEST(amount - $3::numeric, 0)
-              WHERE tenant_id = $1 AND replica = $2",
+    let row = client
+        .query_typed_opt(
+            &format!(
+                "UPDATE leases SET amount = GREATEST(amount - $3::numeric, 0),
+                                   version = version + 1
+                  WHERE tenant_id = $1 AND replica = $2
+                  RETURNING {READING}"
+            ),
             &[
                 (&tenant, Type::INT8),
                 (&replica, Type::TEXT),
@@ -201,34 +222,45 @@ pub(super) async fn release_lease_q(
             ],
         )
         .await?;
-    Ok(())
+    row.map(|r| reading(&r, 0)).transpose()
 }
 
 pub(super) async fn heartbeat_q(
     client: &mut Client,
     replica: &str,
-) -> PgResult<Vec<(TenantId, Pen)>> {
+) -> PgResult<Vec<(TenantId, LeaseReading)>> {
     let rows = client
         .query_typed(
-            concat!(
-                "UPDATE leases SET heartbeat_at = ",
-                db_now_ms!(),
-                " WHERE replica = $1 RETURNING tenant_id, amount::text"
+            &format!(
+                "UPDATE leases SET heartbeat_at = {now} WHERE replica = $1
+                 RETURNING tenant_id, {READING}",
+                now = db_now_ms!(),
             ),
             &[(&replica, Type::TEXT)],
         )
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
-        out.push((
-            r.try_get::<_, i64>(0)?,
-            pen_from_text(&r.try_get::<_, String>(1)?, "leases.amount")?,
-        ));
+        out.push((r.try_get::<_, i64>(0)?, reading(&r, 1)?));
     }
     Ok(out)
 }
 
 pub(super) async fn reclaim_q(client: &mut Client, max_age_ms: i64) -> PgResult<u64> {
+    Ok(client
+        .execute_typed(
+            concat!(
+                "UPDATE leases SET amount = 0, version = version + 1
+                  WHERE amount > 0 AND heartbeat_at < ",
+                db_now_ms!(),
+                " - $1"
+            ),
+            &[(&max_age_ms, Type::INT8)],
+        )
+        .await?)
+}
+
+pub(super) async fn forget_q(client: &mut Client, max_age_ms: i64) -> PgResult<u64> {
     Ok(client
         .execute_typed(
             concat!(

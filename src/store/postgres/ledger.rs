@@ -3,7 +3,7 @@
 //! tenants as `balances` describes), rows set aside as rejected, a tenant's statement and the
 //! raw rows. Sums are `SUM(bigint)`, an exact NUMERIC read as text: no overflow, no float.
 
-use super::{tenants, usage, PgResult};
+use super::{balances, tenants, usage, PgResult};
 use crate::money::Pen;
 use crate::store::columns::{names, pg_placeholders, unnest, LEDGER_COLUMNS, REJECT_COLUMNS};
 use crate::store::rows::{
@@ -12,7 +12,7 @@ use crate::store::rows::{
 use crate::store::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    LedgerRow, ModelTotals, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
+    LedgerRow, ModelTotals, Recorded, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
 };
 use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
@@ -51,7 +51,7 @@ pub(super) async fn record_tx(
     client: &mut Client,
     replica: &str,
     b: &LedgerBatch,
-) -> PgResult<u64> {
+) -> PgResult<Recorded> {
     let tx = client.transaction().await?;
     let mut tenants: Vec<i64> = b.tenant_id.clone();
     tenants.sort_unstable();
@@ -93,6 +93,7 @@ pub(super) async fn record_tx(
     }
     usage::add_rollup(&tx, &rollup(new_rows)).await?;
     charged.retain(|_, c| *c != Pen::ZERO);
+    let mut leases = Vec::new();
     if !charged.is_empty() {
         let ids: Vec<i64> = charged.keys().copied().collect();
         let amounts: Vec<String> = charged.values().map(|c| pen_to_text(*c)).collect();
@@ -103,20 +104,30 @@ pub(super) async fn record_tx(
             &[(&ids, Type::INT8_ARRAY), (&amounts, Type::TEXT_ARRAY)],
         )
         .await?;
-        tx.execute_typed(
-            "UPDATE leases AS l SET amount = GREATEST(l.amount - u.c::numeric, 0)
-               FROM UNNEST($1::int8[], $2::text[]) AS u(id, c)
-              WHERE l.tenant_id = u.id AND l.replica = $3",
-            &[
-                (&ids, Type::INT8_ARRAY),
-                (&amounts, Type::TEXT_ARRAY),
-                (&replica, Type::TEXT),
-            ],
-        )
-        .await?;
+        let changed = tx
+            .query_typed(
+                "UPDATE leases AS l SET amount = GREATEST(l.amount - u.c::numeric, 0),
+                                        spent = l.spent + u.c::numeric,
+                                        version = l.version + 1
+                   FROM UNNEST($1::int8[], $2::text[]) AS u(id, c)
+                  WHERE l.tenant_id = u.id AND l.replica = $3
+                  RETURNING l.tenant_id, l.amount::text, l.spent::text, l.version",
+                &[
+                    (&ids, Type::INT8_ARRAY),
+                    (&amounts, Type::TEXT_ARRAY),
+                    (&replica, Type::TEXT),
+                ],
+            )
+            .await?;
+        for r in &changed {
+            leases.push((r.try_get::<_, i64>(0)?, balances::reading(r, 1)?));
+        }
     }
     tx.commit().await?;
-    Ok(inserted.len() as u64)
+    Ok(Recorded {
+        new: inserted.len() as u64,
+        leases,
+    })
 }
 
 pub(super) async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResult<()> {

@@ -261,9 +261,19 @@ async fn account_q(
     client: &mut Client,
     tenant: TenantId,
     key: Option<&str>,
+    replica: &str,
 ) -> PgResult<AccountFacts> {
     let tx = super::snapshot(client).await?;
     let (t, balance) = tenants::tenant_with_balance(&tx, tenant).await?;
+    let lease = tx
+        .query_typed_opt(
+            "SELECT amount::text, spent::text, version FROM leases
+              WHERE tenant_id = $1 AND replica = $2",
+            &[(&tenant, Type::INT8), (&replica, Type::TEXT)],
+        )
+        .await?
+        .map(|r| super::balances::reading(&r, 0))
+        .transpose()?;
     let all = tx
         .query_typed_one(
             "SELECT SUM(requests)::bigint, SUM(input_tokens)::text, SUM(cached_tokens)::text,
@@ -288,6 +298,7 @@ async fn account_q(
         balance,
         key: key_row.as_ref().map(key_usage).transpose()?,
         totals: totals_at(&all, 0)?,
+        lease,
     })
 }
 
@@ -397,8 +408,13 @@ impl UsageStore for PgStore {
         with_retry!(self, c => usage_q(c, q))
     }
 
-    async fn account(&self, tenant: TenantId, key: Option<&str>) -> StoreResult<AccountFacts> {
-        with_retry!(self, c => account_q(c, tenant, key))
+    async fn account(
+        &self,
+        tenant: TenantId,
+        key: Option<&str>,
+        replica: &str,
+    ) -> StoreResult<AccountFacts> {
+        with_retry!(self, c => account_q(c, tenant, key, replica))
     }
 
     async fn keys_page(

@@ -10,7 +10,8 @@ use crate::money::Pen;
 use crate::store::rows::{replayed_top_up, tenant_missing, EarlierTopUp};
 use crate::store::sql_money::{pen_from_text, pen_to_text};
 use crate::store::{
-    now_ms, Balance, LeaseAsk, LeaseGrant, StoreResult, TenantId, TopUp, TopUpOutcome, UnixMs,
+    now_ms, Balance, LeaseAsk, LeaseGrant, LeaseReading, StoreResult, TenantId, TopUp,
+    TopUpOutcome, UnixMs,
 };
 use quipu_core::billing::lease::lease_grant;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
@@ -59,28 +60,72 @@ pub(super) fn read_leases(
     Ok(out)
 }
 
-pub(super) fn write_lease(
+/// `replica`'s lease row on the tenant, if it has one.
+pub(super) fn read_own(
+    tx: &Transaction<'_>,
+    tenant: TenantId,
+    replica: &str,
+) -> StoreResult<Option<LeaseReading>> {
+    let row: Option<(String, String, i64)> = tx
+        .prepare_cached(
+            "SELECT amount, spent, version FROM leases WHERE tenant_id = ?1 AND replica = ?2",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![tenant, replica], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+        })
+        .map_err(sql_err)?;
+    row.map(|(amount, spent, version)| reading(&amount, &spent, version))
+        .transpose()
+}
+
+pub(super) fn reading(amount: &str, spent: &str, version: i64) -> StoreResult<LeaseReading> {
+    Ok(LeaseReading {
+        amount: pen_from_text(amount, "leases.amount")?,
+        spent: pen_from_text(spent, "leases.spent")?,
+        version,
+    })
+}
+
+/// Writes `replica`'s lease row on the tenant (created if missing) with the next version;
+/// refreshes its heartbeat when `heartbeat` is given. Returns the row as written.
+pub(super) fn write_own(
     tx: &Transaction<'_>,
     tenant: TenantId,
     replica: &str,
     amount: Pen,
+    spent: Pen,
     heartbeat: Option<UnixMs>,
-) -> StoreResult<()> {
-    let r = match heartbeat {
-        Some(at) => tx
-            .prepare_cached(
-                "INSERT INTO leases (tenant_id, replica, amount, heartbeat_at)
-                 VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (tenant_id, replica)
-                 DO UPDATE SET amount = excluded.amount, heartbeat_at = excluded.heartbeat_at",
+) -> StoreResult<LeaseReading> {
+    let version: i64 = tx
+        .prepare_cached(
+            "INSERT INTO leases (tenant_id, replica, amount, spent, version, heartbeat_at)
+             VALUES (?1, ?2, ?3, ?4, 1, COALESCE(?5, 0))
+             ON CONFLICT (tenant_id, replica) DO UPDATE
+             SET amount = excluded.amount, spent = excluded.spent, version = leases.version + 1,
+                 heartbeat_at = COALESCE(?5, leases.heartbeat_at)
+             RETURNING version",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    tenant,
+                    replica,
+                    pen_to_text(amount),
+                    pen_to_text(spent),
+                    heartbeat
+                ],
+                |r| r.get(0),
             )
-            .and_then(|mut s| s.execute(params![tenant, replica, pen_to_text(amount), at])),
-        None => tx
-            .prepare_cached("UPDATE leases SET amount = ?3 WHERE tenant_id = ?1 AND replica = ?2")
-            .and_then(|mut s| s.execute(params![tenant, replica, pen_to_text(amount)])),
-    };
-    r.map_err(sql_err)?;
-    Ok(())
+        })
+        .map_err(sql_err)?;
+    Ok(LeaseReading {
+        amount,
+        spent,
+        version,
+    })
 }
 
 pub(super) fn top_up_once(
@@ -149,18 +194,16 @@ pub(super) fn grant_lease(
     let now = now_ms();
     let tx = write_tx(conn)?;
     let balance = read_balance(&tx, tenant)?;
-    let leases = read_leases(&tx, tenant)?;
-    let leased: Pen = leases.iter().map(|l| l.1).sum();
-    let own = leases.iter().find(|l| l.0 == replica).map(|l| l.1);
-    let grant = lease_grant(ask.need, ask.want, balance - leased);
-    let current = own.unwrap_or_default();
-    if grant > Pen::ZERO || own.is_some() {
-        write_lease(&tx, tenant, &replica, current + grant, Some(now))?;
-    }
+    let leased: Pen = read_leases(&tx, tenant)?.into_iter().map(|l| l.1).sum();
+    let own = read_own(&tx, tenant, &replica)?;
+    let current = own.map_or(Pen::ZERO, |r| r.amount);
+    let granted = lease_grant(ask.need, ask.want, balance - leased);
+    let spent = own.map_or(Pen::ZERO, |r| r.spent);
+    let reading = write_own(&tx, tenant, &replica, current + granted, spent, Some(now))?;
     tx.commit().map_err(sql_err)?;
     Ok(LeaseGrant {
-        granted: grant,
-        held: current + grant,
+        reading,
+        granted,
         elsewhere: leased - current,
     })
 }
@@ -170,38 +213,43 @@ pub(super) fn release_lease(
     replica: String,
     tenant: TenantId,
     amount: Pen,
-) -> StoreResult<()> {
+) -> StoreResult<Option<LeaseReading>> {
     let tx = write_tx(conn)?;
-    let own = read_leases(&tx, tenant)?
-        .into_iter()
-        .find(|l| l.0 == replica);
-    if let Some((_, lease)) = own {
-        write_lease(&tx, tenant, &replica, (lease - amount).max(Pen::ZERO), None)?;
-    }
-    tx.commit().map_err(sql_err)
+    let Some(own) = read_own(&tx, tenant, &replica)? else {
+        return Ok(None);
+    };
+    let left = (own.amount - amount).max(Pen::ZERO);
+    let reading = write_own(&tx, tenant, &replica, left, own.spent, None)?;
+    tx.commit().map_err(sql_err)?;
+    Ok(Some(reading))
 }
 
 pub(super) fn heartbeat(
     conn: &mut Connection,
     replica: String,
-) -> StoreResult<Vec<(TenantId, Pen)>> {
+) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
     let tx = write_tx(conn)?;
-    tx.prepare_cached("UPDATE leases SET heartbeat_at = ?2 WHERE replica = ?1")
-        .and_then(|mut s| s.execute(params![replica, now_ms()]))
-        .map_err(sql_err)?;
     let mut out = Vec::new();
     {
         let mut stmt = tx
-            .prepare_cached("SELECT tenant_id, amount FROM leases WHERE replica = ?1")
+            .prepare_cached(
+                "UPDATE leases SET heartbeat_at = ?2 WHERE replica = ?1
+                 RETURNING tenant_id, amount, spent, version",
+            )
             .map_err(sql_err)?;
         let rows = stmt
-            .query_map(params![replica], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            .query_map(params![replica, now_ms()], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
             })
             .map_err(sql_err)?;
         for row in rows {
-            let (tenant, amount) = row.map_err(sql_err)?;
-            out.push((tenant, pen_from_text(&amount, "leases.amount")?));
+            let (tenant, amount, spent, version) = row.map_err(sql_err)?;
+            out.push((tenant, reading(&amount, &spent, version)?));
         }
     }
     tx.commit().map_err(sql_err)?;
@@ -209,6 +257,18 @@ pub(super) fn heartbeat(
 }
 
 pub(super) fn reclaim_stale_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
+    let cutoff = now_ms().saturating_sub(max_age_ms);
+    let n = conn
+        .execute(
+            "UPDATE leases SET amount = '0', version = version + 1
+              WHERE heartbeat_at < ?1 AND amount <> '0'",
+            params![cutoff],
+        )
+        .map_err(sql_err)?;
+    Ok(n as u64)
+}
+
+pub(super) fn forget_silent_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
     let cutoff = now_ms().saturating_sub(max_age_ms);
     let n = conn
         .execute(

@@ -3,7 +3,7 @@
 //! and the raw rows. Deltas are INTEGER pico-soles; the statement's sums use split halves (see
 //! `sql_money`), so they can neither overflow nor become floats.
 
-use super::balances::{read_balance, read_leases, write_balance, write_lease};
+use super::balances::{read_balance, read_own, write_balance, write_own};
 use super::{read_tx, sql_err, tenants, usage, write_tx};
 use crate::money::Pen;
 use crate::store::columns::{names, sqlite_placeholders, LEDGER_COLUMNS, REJECT_COLUMNS};
@@ -11,7 +11,7 @@ use crate::store::rows::{period_bounds, RawLedgerRow};
 use crate::store::sql_money::{i128_to_u64, i64_to_u64, recombine, sqlite_split_sum};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    LedgerRow, ModelTotals, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
+    LedgerRow, ModelTotals, Recorded, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
 };
 use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
 use rusqlite::{params, Connection};
@@ -31,7 +31,7 @@ pub(super) fn record(
     conn: &mut Connection,
     replica: String,
     rows: Vec<RawLedgerRow>,
-) -> StoreResult<u64> {
+) -> StoreResult<Recorded> {
     let tx = write_tx(conn)?;
     // Per tenant: its balance before, and what the new rows charge.
     let mut tenants: BTreeMap<TenantId, (Pen, Pen)> = BTreeMap::new();
@@ -64,26 +64,26 @@ pub(super) fn record(
         }
     }
     usage::add_rollup(&tx, &rollup(new_rows))?;
+    let mut leases = Vec::new();
     for (tenant, (balance, charged)) in &tenants {
         if *charged == Pen::ZERO {
             continue;
         }
         write_balance(&tx, *tenant, *balance - *charged)?;
-        let own = read_leases(&tx, *tenant)?
-            .into_iter()
-            .find(|l| l.0 == replica);
-        if let Some((_, lease)) = own {
-            write_lease(
-                &tx,
+        if let Some(own) = read_own(&tx, *tenant, &replica)? {
+            let amount = (own.amount - *charged).max(Pen::ZERO);
+            let spent = own.spent + *charged;
+            leases.push((
                 *tenant,
-                &replica,
-                (lease - *charged).max(Pen::ZERO),
-                None,
-            )?;
+                write_own(&tx, *tenant, &replica, amount, spent, None)?,
+            ));
         }
     }
     tx.commit().map_err(sql_err)?;
-    Ok(inserted)
+    Ok(Recorded {
+        new: inserted,
+        leases,
+    })
 }
 
 pub(super) fn reject(conn: &mut Connection, rejected: RejectedRow) -> StoreResult<()> {

@@ -282,11 +282,18 @@ impl UsageStore for SqliteStore {
         .await
     }
 
-    async fn account(&self, tenant: TenantId, key: Option<&str>) -> StoreResult<AccountFacts> {
+    async fn account(
+        &self,
+        tenant: TenantId,
+        key: Option<&str>,
+        replica: &str,
+    ) -> StoreResult<AccountFacts> {
         let key = key.map(str::to_owned);
+        let replica = replica.to_owned();
         self.run(move |conn| {
             let tx = read_tx(conn)?;
             let (t, balance) = tenants::tenant_with_balance(&tx, tenant)?;
+            let lease = super::balances::read_own(&tx, tenant, &replica)?;
             let all = tx
                 .query_row(
                     "SELECT SUM(requests), SUM(input_hi), SUM(input_lo), SUM(cached_hi),
@@ -315,6 +322,7 @@ impl UsageStore for SqliteStore {
                 balance,
                 key,
                 totals: totals(all)?,
+                lease,
             })
         })
         .await

@@ -14,12 +14,17 @@
 //!    the excess left `unbilled` (in the ledger row and `quipu_unbilled_pen_total`).
 //!
 //! [`lease`] decides how much of a balance one gateway replica leases at a time (smaller
-//! shares when the balance is low).
+//! shares when the balance is low); [`book`] is one tenant's money on one replica as a state
+//! machine — reservations, charges not yet written, the lease as the store last read it — that
+//! the I/O layer drives, with its invariants proven over every interleaving (`book_model`).
 //!
 //! [`display`] writes amounts for people (`S/ 1,234.56`, or the exact figure under a céntimo).
 //! The exact unit itself ([`crate::money::Pen`], [`crate::money::Rate`]) lives in
 //! [`crate::money`].
 
+pub mod book;
+#[cfg(test)]
+mod book_model;
 pub mod display;
 pub mod lease;
 pub mod price;
