@@ -2,8 +2,8 @@
 """Quipu's side-by-side benchmark: direct, nginx, a bare Pingora forwarder, LiteLLM and Quipu in
 front of the same fast upstream simulator, in one run on one machine.
 
-    ./scripts/bench.sh            # full run, writes docs/benchmarks.md
-    ./scripts/bench.sh --quick    # shorter cells, for a smoke test
+    ./scripts/bench.sh            # full run, writes docs/benchmarks-<date>.md
+    ./scripts/bench.sh --quick    # shorter cells, for a smoke test (docs/benchmarks-<date>-quick.md)
     python3 benches/run.py --streams-only 10000   # only the open-streams memory test
     QUIPU_BENCH_WRAP="heaptrack -o /tmp/q" python3 benches/run.py --streams-only 6000
 
@@ -578,9 +578,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the median is reported")
     ap.add_argument("--litellm-venv", default=str(ROOT / "benches" / ".venv-litellm"))
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
-    ap.add_argument("--previous", default=str(ROOT / "docs" / "benchmarks.md"),
-                    help="an earlier report whose plain rows this run's are compared with (read before --out is written)")
+    ap.add_argument("--out", help="the report to write (default: docs/benchmarks-<UTC date>[-quick].md; "
+                    "docs/benchmarks.md is the hand-written index and history, never written here)")
+    ap.add_argument("--previous",
+                    help="an earlier report whose plain rows this run's are compared with (read before --out is written; "
+                    "default: the newest report in docs/, by the date on its Run line)")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     ap.add_argument("--streams-only", type=int, metavar="N",
@@ -592,7 +594,11 @@ def main() -> int:
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     if unknown := set(sections) - set(SECTIONS):
         ap.error(f"unknown sections: {', '.join(sorted(unknown))}")
-    previous = read_previous(Path(args.previous))
+    if args.out is None:
+        args.out = str(ROOT / "docs" / f"benchmarks-{datetime.now(timezone.utc):%Y-%m-%d}{'-quick' if args.quick else ''}.md")
+    if args.previous is None:
+        args.previous = newest_report(ROOT / "docs")
+    previous = read_previous(Path(args.previous)) if args.previous else {}
     global WORK, CERTS, CLIENT_CTX
     WORK = Path(tempfile.mkdtemp(prefix="quipu-bench-"))
     # One CA and server certificate for every TLS target of the run.
@@ -824,6 +830,15 @@ def all_open_streams(sim_port: int, n: int, notes: list[str]) -> dict:
             except Exception as e:  # noqa: BLE001
                 notes.append(f"open streams, {name}{sfx}: {e!r}")
     return out
+
+
+def newest_report(docs: Path) -> str | None:
+    """The newest report this script wrote in `docs` (`benchmarks-*.md` with a `Run … UTC` line)."""
+    dated = []
+    for path in docs.glob("benchmarks-*.md"):
+        if m := re.search(r"^Run (\d{4}-\d\d-\d\d \d\d:\d\d) UTC", path.read_text(), re.M):
+            dated.append((m.group(1), str(path)))
+    return max(dated)[1] if dated else None
 
 
 def read_previous(path: Path) -> dict:
@@ -1081,7 +1096,7 @@ def targets_report(args, sby: dict, conc: dict, previous: dict) -> list[str]:
         out.append(f"| plain rows: Quipu's CPU per request relative to bare Pingora within 10 % of the previous report ({previous.get('_date', '?')}) | "
                    f"change of quipu / pingora-bare {min(changes):.2f}–{max(changes):.2f} × (median {statistics.median(changes):.2f} ×) | {met} |")
         out += ["", "### Plain rows against the previous report", "",
-                f"This run's plain rows next to those of {args.previous} as it was before this run "
+                f"This run's plain rows next to those of {Path(args.previous).name} as it was before this run "
                 f"({previous.get('_date', '?')}). Whole runs drift on this machine, so the drift-free check is "
                 "Quipu's CPU per request relative to bare Pingora's in the same run.", "",
                 "| scenario | c | quipu req/s (before → now) | quipu CPU µs/req | pingora-bare CPU µs/req | quipu / pingora-bare | change |",

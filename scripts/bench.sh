@@ -2,7 +2,9 @@
 # The side-by-side benchmark (direct, nginx, bare pingora, LiteLLM, Quipu) on this machine, plain
 # HTTP/1.1 and, in the same run, over TLS and HTTP/2:
 #
-#   ./scripts/bench.sh [--quick] [--baseline REV]   # writes docs/benchmarks.md
+#   ./scripts/bench.sh [--quick] [--baseline REV]   # writes docs/benchmarks-<date>[-quick].md
+#
+# docs/benchmarks.md is the index and the dated history: add the run's findings there by hand.
 #
 # --baseline REV adds an earlier build of Quipu to the plain cells of the same run.
 #

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the OpenAI Codex CLI (pinned: the version ../shared/reference/codex.md was recorded
-# with) into tests/.tools/codex for the offline integration test (tests/python/test_codex.py).
+# Installs the OpenAI Codex CLI into tests/.tools/codex for the offline integration test
+# (tests/python/test_codex.py). Pinned: 0.169.0 is the version whose requests the translator's
+# tests encode (crates/quipu-core/src/translate/responses/tests/codex.rs); a newer CLI may send
+# other shapes, so move the pin and those tests together.
 # The npm package fetches its native binary (codex-linux-x64) as an optional dependency.
 set -euo pipefail
 cd "$(dirname "$0")/.."

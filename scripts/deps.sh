@@ -13,7 +13,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
-# curl: the catalog checks in the README, and run.sh --demo (it waits and calls with it).
+# curl: the catalog checks in docs/operating.md, and run.sh --demo (it waits and calls with it).
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ "${QUIPU_DEPS_BUILD_ONLY:-0}" != 1 ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)

@@ -2,9 +2,10 @@
 //! `GET /v1/models/{id}`, `GET /v1/pricing`, `GET /v1/plans`.
 //!
 //! Bodies are rendered once from the validated config at start and served as shared bytes.
-//! `/v1/models` carries the spec's `{"models":[…]}` and, in the same object, the list shape the
-//! vendor SDKs read (`object`, `data`, `has_more`, `first_id`, `last_id`), so
-//! `client.models.list()` works in both official SDKs. Prices are JSON numbers written from the
+//! `/v1/models` carries Quipu's own catalog, `{"models":[{slug, displayName, description, vision,
+//! inPlans, inFree}]}`, and, in the same object, the list shape the vendor SDKs read (`object`,
+//! `data`, `has_more`, `first_id`, `last_id`), so `client.models.list()` works in both official
+//! SDKs. Prices are JSON numbers written from the
 //! exact decimals of the config (never through a float).
 
 use crate::config::Config;

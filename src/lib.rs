@@ -1,12 +1,15 @@
 //! Quipu: an LLM API gateway on Pingora.
 //!
-//! Clients speak the OpenAI chat-completions format or the Anthropic messages format; Quipu
-//! authenticates their keys, rewrites both into one upstream protocol (OpenAI chat completions
-//! as vLLM serves it), meters tokens on the response stream and bills tenants in soles.
+//! Clients speak the OpenAI chat-completions format, the Anthropic messages format or the
+//! OpenAI Responses API; Quipu authenticates their keys, rewrites all three into one upstream
+//! protocol (OpenAI chat completions as vLLM serves it), meters tokens on the response stream
+//! and bills tenants in soles.
 //!
 //! Data flows one way: route → auth → admission → translate → pick a replica → stream
-//! translate + meter → settle + record. Protocol work is pure (`sse`, `usage`, `translate`);
-//! I/O lives at the edges (`proxy`, `store`).
+//! translate + meter → settle + record. Protocol, money and policy are pure, in the
+//! `quipu-core` crate re-exported below (`sse`, `usage`, `translate`, …); this crate is the I/O
+//! around them (`http`, `proxy`, `store`, …). docs/architecture.md has the layout and where
+//! each kind of change goes.
 
 pub use quipu_core::{
     account, ascii, config, error, h1, money, protocol, route, sse, translate, upstream_profile,

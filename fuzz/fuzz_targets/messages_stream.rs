@@ -7,7 +7,7 @@
 //!   fuzzer-chosen offsets ([`raw_input`]).
 //!
 //! On any input: output (and usage, how it ended, the error) independent of the splits; always
-//! a valid event sequence (reference §6.3: `message_start` first, dense indexes, one open
+//! a valid event sequence (`message_start` first, dense indexes, one open
 //! block, `message_delta` then `message_stop` last — or a well-formed `error` event last,
 //! exactly when the stream failed); never left open; the client's model name in
 //! `message_start`; no error naming the upstream's model; a complete stream accumulates into a

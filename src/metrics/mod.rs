@@ -1,7 +1,8 @@
 //! Prometheus metrics: definitions, and the `/metrics` body of the metrics listener.
 //!
-//! Names follow the OpenTelemetry GenAI conventions where they fit (`gen_ai_*`, see
-//! `../shared/reference/ecosystem.md` §1) and are `quipu_`-prefixed otherwise. Labels stay
+//! Names follow the OpenTelemetry GenAI semantic conventions where they fit (`gen_ai_*`, see
+//! <https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/>; dots become
+//! underscores in Prometheus) and are `quipu_`-prefixed otherwise. Labels stay
 //! bounded: model slugs, routes, statuses, error kinds, replica URLs from the config, tenant
 //! names (tenants are created by the operator). Never key ids, request ids or anything a
 //! client chooses.

@@ -34,7 +34,8 @@
 //!
 //! PostgreSQL is the shared engine's store, not Redis/Valkey: several replicas already need
 //! it, so there is no new service to run, secure and watch; slices make the store's cost one
-//! statement per slice, not per request, which PostgreSQL takes easily (see the README).
+//! statement per slice, not per request, which PostgreSQL takes easily (docs/replicas.md has
+//! the figures).
 
 mod local;
 pub mod shared;

@@ -1,4 +1,4 @@
-"""The public read endpoints: shapes of the spec, configured values, no key needed."""
+"""The public read endpoints: their documented shapes (docs/formats.md), configured values, no key needed."""
 
 from decimal import Decimal
 

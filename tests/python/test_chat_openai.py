@@ -39,7 +39,7 @@ def test_create(gw, sim, tenant):
 @pytest.mark.parametrize("sim_args", [("--flavor", "sglang"), ("--flavor", "llamacpp"), ("--no-cached-details",)],
                          ids=["sglang", "llamacpp", "vllm-without-details"])
 def test_usage_always_has_cached_tokens(workdir, sim_args):
-    """The spec's usage always has `prompt_tokens_details.cached_tokens`, whatever the model
+    """A chat answer's usage always has `prompt_tokens_details.cached_tokens`, whatever the model
     server left out (SGLang with no cache hit, llama.cpp, vLLM without the details flag): the
     client gets the billed count, in the body and in the stream's usage chunk."""
     name = "-".join(a.strip("-") for a in sim_args)

@@ -1,7 +1,8 @@
 """Claude Code (the real CLI, offline) through the gateway: a tool-using turn.
 
-The CLI is installed from the npm registry by scripts/deps-claude-code.sh (pinned; see
-../shared/reference/claude-code.md §1 for why the version must be pinned). It talks to the
+The CLI is installed from the npm registry by scripts/deps-claude-code.sh, pinned: on Node 20,
+npm would otherwise pick an old release, since newer ones declare `engines.node >= 22` (the CLI
+is a native binary and does not use the system node). It talks to the
 gateway with ANTHROPIC_BASE_URL; the simulator decides, from a directive in the prompt, to call
 the CLI's Bash tool, the CLI runs it and sends the result back, and the simulator answers.
 """

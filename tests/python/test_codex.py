@@ -2,10 +2,11 @@
 which the model calls Codex's shell tool (`exec_command`), Codex runs it and sends its output
 back, and the final answer arrives.
 
-The CLI is installed from the npm registry by scripts/deps-codex.sh (pinned to the version
-../shared/reference/codex.md was recorded with). It runs with a throwaway CODEX_HOME and a
-custom model provider (`wire_api = "responses"`, the key from an env var); the simulator
-decides, from a directive in the prompt, to call `exec_command`.
+The CLI is installed from the npm registry by scripts/deps-codex.sh (pinned to 0.169.0, the
+version whose requests crates/quipu-core/src/translate/responses/tests/codex.rs encodes). It
+runs with a throwaway CODEX_HOME and a custom model provider (`wire_api = "responses"`, the key
+from an env var); the simulator decides, from a directive in the prompt, to call
+`exec_command`.
 """
 
 import json

@@ -351,7 +351,7 @@ def test_messages(lgw, llama, key):
 
 
 def test_messages_stream(lgw, llama, key):
-    """A streamed messages request: the event sequence of the spec, valid UTF-8, usage equal to
+    """A streamed messages request: the messages format's event sequence, valid UTF-8, usage equal to
     llama-server's counters, billed exactly."""
     body = {
         "model": "colibri",

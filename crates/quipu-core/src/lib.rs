@@ -3,7 +3,7 @@
 //! - [`config`]: the validated configuration (`conf/quipu.toml`).
 //! - [`account`]: the tenant's own view of its money: query strings, periods and pages of
 //!   `/v1/account`, `/v1/usage`, `/v1/keys`, `/v1/requests`, `/v1/topups`.
-//! - [`error`]: one client-visible error type, rendered in either client format.
+//! - [`error`]: one client-visible error type, rendered in each client format.
 //! - [`money`]: exact amounts in soles (pico-soles in an `i128`) and rates.
 //! - [`billing`]: billing policy — what a request reserves, how it settles, price rules.
 //! - [`usage`]: token usage and where each protocol's fields come from.

@@ -150,7 +150,7 @@ impl SseDecoder {
 
     /// Ends the stream. An event whose last `data` line ended but whose blank line never came
     /// is dispatched (servers that close right after `data: [DONE]\n` exist); a line that never
-    /// ended is dropped, as the spec says.
+    /// ended is dropped, as the HTML spec's interpretation says (see the module docs).
     pub fn finish<E, F>(&mut self, mut on_event: F) -> Result<(), E>
     where
         F: FnMut(SseEvent<'_>) -> Result<(), E>,

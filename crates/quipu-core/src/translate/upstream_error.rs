@@ -1,4 +1,4 @@
-//! Upstream error bodies → client errors (reference §4.7 and docs/design.md "Errors").
+//! Upstream error bodies → client errors (the statuses and types are docs/design.md's "Errors" table).
 //!
 //! Upstreams disagree on the envelope: vLLM ≥ 0.10.1 nests `{"error":{"message","type","code":<int>}}`,
 //! older vLLM and SGLang are flat `{"object":"error","message",…}`, llama.cpp nests with its

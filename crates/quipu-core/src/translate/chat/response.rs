@@ -137,8 +137,8 @@ struct UsageSpans<'a> {
     prompt_tokens_details: Option<&'a RawValue>,
 }
 
-/// Gives a usage object the client sees `prompt_tokens_details.cached_tokens`, which the
-/// spec's chat shape always has: vLLM without `--enable-prompt-tokens-details` sends `null`
+/// Gives a usage object the client sees `prompt_tokens_details.cached_tokens`, which a chat
+/// answer from Quipu always has (docs/design.md, usage semantics): vLLM without `--enable-prompt-tokens-details` sends `null`
 /// there, SGLang and llama.cpp often leave it out. The count written is the one billed
 /// (llama.cpp's `timings.cache_n` when that is where the upstream put it). Only called for a
 /// usage object without the count, so a complete one is relayed byte for byte.

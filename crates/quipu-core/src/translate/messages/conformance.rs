@@ -1,5 +1,7 @@
 //! Checks of a messages-format event stream, for tests and fuzz targets: a strict validator of
-//! the event sequence (reference §1.5 and §6.3) and an accumulator that rebuilds the final
+//! the event sequence (the order the vendor documents for streamed messages,
+//! <https://docs.anthropic.com/en/docs/build-with-claude/streaming>; the exact rules are
+//! [`validate_event_sequence`]'s) and an accumulator that rebuilds the final
 //! `Message` the way the vendor SDKs do (`get_final_message()` / `finalMessage()`).
 //!
 //! Not used on the request path: both build `serde_json::Value`s freely. They read the exact

@@ -6,7 +6,7 @@
 //!   count-tokens).
 //! - [`response`]: a non-streaming upstream completion → a `Message` object.
 //! - [`stream`]: the incremental state machine turning upstream chunks into
-//!   `message_start … message_stop` events (reference §4.6).
+//!   `message_start … message_stop` events.
 //! - [`count_tokens`]: `/v1/messages/count_tokens` ⇄ the upstream's `/tokenize`.
 //! - [`conformance`]: an event-sequence validator and an SDK-style accumulator, for tests and
 //!   fuzz targets.

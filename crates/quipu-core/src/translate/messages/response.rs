@@ -1,4 +1,4 @@
-//! A non-streaming upstream completion → a messages-format `Message` (reference §4.3–4.5).
+//! A non-streaming upstream completion → a messages-format `Message`.
 //!
 //! Content blocks come in the order the vendor uses: `thinking` (from `reasoning` or
 //! `reasoning_content`, with an empty `signature`), `text` (only if non-empty), then one

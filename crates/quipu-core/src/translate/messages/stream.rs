@@ -1,6 +1,6 @@
-//! The streaming translator: upstream chat-completion chunks in, messages-format events out
-//! (reference §4.6). Incremental — each upstream payload is parsed once, borrowed, and turned
-//! into frames immediately; nothing earlier is kept except a few counters, the open block and
+//! The streaming translator: upstream chat-completion chunks in, messages-format events out.
+//! Incremental — each upstream payload is parsed once, borrowed, and turned into frames
+//! immediately; nothing earlier is kept except a few counters, the open block and
 //! one small record per tool call (plus, only while parallel calls interleave, the fragments
 //! of the calls waiting for their block, bounded).
 //!

@@ -1,9 +1,9 @@
 //! Chat-format requests → the upstream request.
 //!
-//! Validates every field the spec lists (type, range, shape), applies the rules of docs/design.md
-//! (`max_tokens` default and clamp at 8192, `max_completion_tokens` alias, `temperature` 0.6,
-//! `developer` role as `system`, unlisted fields dropped, usage always requested upstream) and
-//! writes the upstream JSON directly. Client values that pass validation are copied as the
+//! Validates every chat-completions field Quipu accepts (type, range, shape), applies the rules
+//! of docs/design.md (`max_tokens` default and clamp at 8192, `max_completion_tokens` alias,
+//! `temperature` 0.6, `developer` role as `system`, unlisted fields dropped, usage always
+//! requested upstream) and writes the upstream JSON directly. Client values that pass validation are copied as the
 //! client wrote them (their raw JSON text), so nothing is re-encoded on the way.
 //!
 //! A prompt needs at least one user or assistant message (system messages alone are a 400, as

@@ -3,7 +3,7 @@
 //! ([`super::request`]) and count-tokens ([`super::count_tokens`]), so both see the same
 //! prompt and a count matches what a create call would be billed.
 //!
-//! Mapping (reference §4.2):
+//! Mapping:
 //! - `system` (string, or text blocks joined with `"\n\n"`) → one `system` message first.
 //!   Claude Code's per-request `x-anthropic-billing-header: …` text block is dropped: it
 //!   changes with every conversation and would defeat the upstream's prefix cache.

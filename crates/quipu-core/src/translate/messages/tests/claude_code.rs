@@ -1,4 +1,4 @@
-//! Claude Code (reference §6.6): count-tokens through the upstream tokenizer, and a next turn
+//! Claude Code: count-tokens through the upstream tokenizer, and a next turn
 //! whose upstream prompt extends the previous one byte for byte (the prefix cache holds).
 
 use super::*;

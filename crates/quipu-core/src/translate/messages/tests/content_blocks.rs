@@ -1,4 +1,4 @@
-//! Requests, user content blocks (reference §6.1): images (base64, URL, inside tool results),
+//! Requests, user content blocks: images (base64, URL, inside tool results),
 //! `tool_result` forms and their place before user text, text documents.
 
 use super::*;

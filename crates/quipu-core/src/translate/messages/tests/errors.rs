@@ -1,4 +1,4 @@
-//! Errors (reference §6.5): upstream statuses before the first byte, context overflow,
+//! Errors: upstream statuses before the first byte, context overflow,
 //! mid-stream error objects, resets, flat envelopes, `abort` finishes.
 
 use super::*;

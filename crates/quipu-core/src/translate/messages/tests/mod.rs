@@ -1,11 +1,16 @@
-//! The conformance checklist of reference §6, one named test per applicable item (`cNN_…`),
-//! then the request rules of docs/design.md and robustness properties. Stream cases replay the
-//! recorded upstream streams of `tests/fixtures/streams/` (the harness that replays each one
-//! split at every offset, in both client formats, is `tests/conformance.rs`).
+//! A conformance checklist of the messages format, one named test per item that pure
+//! translation code can check (`cNN_…`), then the request rules of docs/design.md and
+//! robustness properties. Stream cases replay the recorded upstream streams of
+//! `tests/fixtures/streams/` (the harness that replays each one split at every offset, in every
+//! client format, is `tests/conformance.rs`).
 //!
-//! Not applicable to pure translation code (the proxy's job): 15 (auth headers), 17 (413 on
-//! body size), 55 (client disconnect), 56 (retry headers), 58 (`/v1/models`), 60 (Claude
-//! Code's `/context`). Item 14's header and query parts (`anthropic-beta`, `?beta=true`) are
+//! The items are numbered by topic: 1–17 requests (`system`, content blocks, tools, thinking,
+//! headers, required fields, body size), 18–25 non-streaming responses, 26–33 stream framing
+//! and order, 34–48 upstream stream edge cases, 49–56 errors, 57–60 Claude Code. The missing
+//! numbers are the proxy's job, not the translator's: 15 (both auth headers, 401 without a
+//! key), 17 (413 on body size), 55 (a client disconnect cancels the upstream request), 56
+//! (`retry-after` on 429/529), 58 (`/v1/models` in both SDK shapes), 60 (Claude Code's
+//! `/context` figure). Item 14's header and query parts (`anthropic-beta`, `?beta=true`) are
 //! the proxy's too; its body-level counterpart — newer fields accepted, never a 400 — is c14.
 //!
 //! One file per topic: [`request_fields`], [`content_blocks`], [`tools`], [`thinking`]

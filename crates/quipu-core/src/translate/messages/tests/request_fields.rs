@@ -1,4 +1,4 @@
-//! Requests, top level and prompt shape (reference §6.1 and docs/design.md's request rules):
+//! Requests, top level and prompt shape (and docs/design.md's request rules):
 //! `system`, Claude Code's billing header, string vs block content, consecutive roles and
 //! prefills, fields accepted and dropped, required fields, `max_tokens` and sampling rules,
 //! model names, and text forwarded exactly as escaped.

@@ -1,4 +1,4 @@
-//! Non-streaming responses (reference §6.2): content blocks in order, stop reasons, tool
+//! Non-streaming responses: content blocks in order, stop reasons, tool
 //! arguments (and that streamed arguments agree with them), usage, ids, malformed bodies.
 
 use super::*;

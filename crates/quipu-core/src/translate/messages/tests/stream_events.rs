@@ -1,4 +1,4 @@
-//! Streams (reference §6.3 and §6.4): event framing and order, indexes, tool-use deltas,
+//! Streams: event framing and order, indexes, tool-use deltas,
 //! usage in `message_start` and `message_delta`, pings, equality with the non-streaming
 //! answer, and the recorded upstream edge cases of `tests/fixtures/`.
 

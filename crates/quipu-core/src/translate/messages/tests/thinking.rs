@@ -1,4 +1,4 @@
-//! Requests, reasoning (reference §6.1): thinking history in assistant turns, and the
+//! Requests, reasoning: thinking history in assistant turns, and the
 //! `thinking` switch with the sampling fields around it.
 
 use super::*;

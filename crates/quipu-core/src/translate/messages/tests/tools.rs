@@ -1,4 +1,4 @@
-//! Requests, tools (reference §6.1): parallel `tool_use` history, `tool_choice`, long tool
+//! Requests, tools: parallel `tool_use` history, `tool_choice`, long tool
 //! names shortened and restored, schemas passed through, which turn a `tool_result` answers.
 
 use super::*;

@@ -1,5 +1,5 @@
-//! What the Codex CLI (0.169.0) sends, as recorded in `reference/codex.md`: its two request
-//! shapes translate, and what it needs back is there.
+//! What the Codex CLI (0.169.0, the version `scripts/deps-codex.sh` pins) sends, as recorded
+//! from its traffic: its two request shapes translate, and what it needs back is there.
 
 use super::*;
 
