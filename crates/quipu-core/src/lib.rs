@@ -32,6 +32,7 @@ pub mod h1;
 pub mod money;
 pub mod protocol;
 pub mod route;
+pub mod schedule;
 pub mod sse;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

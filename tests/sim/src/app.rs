@@ -2,6 +2,7 @@
 
 use crate::cache::PrefixCache;
 use crate::directives::{self, Directives};
+use crate::engine::{Admission, Engine, Slot};
 use crate::generate::{self, Piece, Plan};
 use crate::render::{Head, Shape};
 use crate::tokenizer;
@@ -16,7 +17,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const MAX_RECORDS: usize = 200_000;
 
@@ -44,6 +45,8 @@ pub struct Record {
     /// Tokens the final usage chunk reported (when one was sent).
     pub reported_completion_tokens: Option<usize>,
     pub cancelled: bool,
+    /// Milliseconds spent waiting for a slot (`--max-num-seqs`) before generating.
+    pub queue_ms: f64,
     pub finish_reason: Option<String>,
     /// The client's address (`ip:port`): one per connection, so a client that reuses its
     /// connections shows few.
@@ -68,6 +71,8 @@ pub struct Sim {
     pub logged: AtomicU64,
     pub in_flight: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Slots (`--max-num-seqs`) and the FIFO of requests waiting for one.
+    pub engine: Engine,
 }
 
 fn now_ms() -> u64 {
@@ -133,6 +138,25 @@ pub struct Ctx {
 }
 
 impl Sim {
+    /// Waits for a generation slot, FIFO behind earlier requests; `None` if the client went
+    /// away first (the request is then marked cancelled).
+    async fn slot(&self, session: &mut Session, ctx: &mut Ctx) -> Option<Slot<'_>> {
+        let mut waiting = match self.engine.admit() {
+            Admission::Now(slot) => return Some(slot),
+            Admission::Wait(w) => w,
+        };
+        let since = Instant::now();
+        let slot = tokio::select! {
+            s = waiting.slot() => s,
+            _ = session.as_downstream_mut().read_body_or_idle(true) => None,
+        };
+        if let Some(r) = ctx.record.as_mut() {
+            r.queue_ms = since.elapsed().as_secs_f64() * 1000.0;
+            r.cancelled |= slot.is_none();
+        }
+        slot
+    }
+
     fn push(&self, mut r: Record) {
         let mut recs = self.records.lock();
         r.seq = self.logged.fetch_add(1, Ordering::SeqCst) + 1;
@@ -169,6 +193,7 @@ impl Sim {
             completion_tokens: 0,
             reported_completion_tokens: None,
             cancelled: false,
+            queue_ms: 0.0,
             finish_reason: None,
             peer: session
                 .client_addr()
@@ -267,6 +292,13 @@ impl Sim {
             model: rec.model.clone(),
         };
         if !rec.stream {
+            ctx.record = Some(rec);
+            let Some(slot) = self.slot(session, ctx).await else {
+                return Ok(());
+            };
+            let Some(mut rec) = ctx.record.take() else {
+                return Ok(());
+            };
             let delay = d.delay_ms.map_or(self.token_delay, Duration::from_millis);
             let total = delay * plan.completion_tokens as u32 + Duration::from_millis(d.prefill_ms);
             if !pause(session, total).await {
@@ -274,6 +306,8 @@ impl Sim {
                 ctx.record = Some(rec);
                 return Ok(());
             }
+            // Generation is over: the slot goes to the next request while the answer is sent.
+            drop(slot);
             let v = self.shape.completion(&head, &plan, prompt, cached);
             if d.body_ms > 0 {
                 let body = Bytes::from(v.to_string());
@@ -329,6 +363,11 @@ impl Sim {
         h.insert_header("content-type", "text/event-stream; charset=utf-8")?;
         h.insert_header("transfer-encoding", "chunked")?;
         session.write_response_header(Box::new(h), false).await?;
+        // Like vLLM, the head goes out at once and the first chunk once the request has a
+        // slot: time to first token includes the wait in the engine's queue.
+        let Some(_slot) = self.slot(session, ctx).await else {
+            return Ok(());
+        };
         let usage = |n: usize| continuous.then(|| self.shape.usage(prompt, cached, n));
         let cancelled = |ctx: &mut Ctx| {
             if let Some(r) = ctx.record.as_mut() {
@@ -504,6 +543,7 @@ impl Sim {
                 });
                 respond_json(session, 200, &v).await
             }
+            "/sim/engine" => respond_json(session, 200, &self.engine.report()).await,
             "/sim/last-body" => {
                 let b = self.last_body.lock().clone();
                 respond(session, 200, "application/json", b).await
@@ -513,6 +553,7 @@ impl Sim {
                 // Records are cleared but numbering goes on, so `since=` stays valid.
                 self.records.lock().clear();
                 self.cache.lock().clear();
+                self.engine.reset_window();
                 respond_json(session, 200, &json!({"ok": true})).await
             }
             "/sim/fault" => {
@@ -575,6 +616,15 @@ impl ProxyHttp for Sim {
                 respond_json(session, 200, &v).await?;
             }
             ("POST", "/tokenize") => self.tokenize(session).await?,
+            ("GET", "/metrics") => {
+                let model = self.served_model.as_deref().unwrap_or("sim");
+                let text = self.engine.metrics(self.shape.flavor, model);
+                let ctype = "text/plain; version=0.0.4; charset=utf-8";
+                respond(session, 200, ctype, Bytes::from(text)).await?;
+            }
+            ("GET", "/slots") if self.shape.flavor == crate::render::Flavor::Llamacpp => {
+                respond_json(session, 200, &self.engine.slots(self.max_model_len)).await?;
+            }
             ("POST", "/v1/chat/completions") => {
                 self.in_flight.fetch_add(1, Ordering::SeqCst);
                 ctx.in_flight = true;

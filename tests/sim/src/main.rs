@@ -7,10 +7,15 @@
 //! requests. Faults and pacing are driven by directives in the final user message
 //! (`[[sim: tokens=5 delay_ms=100 fail_after=3]]`, see `directives.rs`), so tests drive them
 //! through the gateway without extra headers. `/sim/*` routes expose what it saw.
+//!
+//! With `--max-num-seqs N` at most N requests generate at once and the rest wait FIFO, as in
+//! the engine (`engine.rs`); `GET /metrics` shows the flavor's running/waiting gauges
+//! (llama.cpp also `GET /slots`), and `GET /sim/engine` the slot utilization.
 
 mod app;
 mod cache;
 mod directives;
+mod engine;
 mod generate;
 mod render;
 mod tokenizer;
@@ -46,6 +51,10 @@ struct Cli {
     /// `reasoning` (vLLM) or `reasoning_content` (SGLang, llama.cpp).
     #[arg(long)]
     reasoning_field: Option<String>,
+    /// Sequences generated at once (vLLM's `--max-num-seqs`, llama.cpp's `--parallel`); the
+    /// rest wait first come, first served. Default: unlimited.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_num_seqs: Option<u32>,
     /// Delay between stream chunks (and per token for non-stream answers).
     #[arg(long, default_value_t = 0)]
     token_delay_ms: u64,
@@ -94,6 +103,7 @@ fn main() {
         logged: AtomicU64::new(0),
         in_flight: AtomicU64::new(0),
         cancelled: AtomicU64::new(0),
+        engine: engine::Engine::new(cli.max_num_seqs.map(|n| n as usize)),
     };
     let conf = ServerConf {
         threads: cli.threads,
