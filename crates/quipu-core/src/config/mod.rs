@@ -24,6 +24,7 @@
 //! - [`models`]: `[[models]]`; their replica URLs in [`replica`];
 //! - [`catalog`]: `[aliases]` (and [`glob_match`]), `[[plans]]`;
 //! - [`responses`]: `[responses]` (stored responses of the Responses API);
+//! - [`scheduling`]: `[scheduling]` and each model's `max_concurrency` (the queue);
 //! - [`secrets`]: `"env:NAME"` values.
 
 pub mod catalog;
@@ -31,6 +32,7 @@ pub mod models;
 pub mod raw;
 pub mod replica;
 pub mod responses;
+pub mod scheduling;
 pub mod secrets;
 pub mod server;
 pub mod store;
@@ -42,10 +44,12 @@ pub use catalog::{glob_match, Alias, Plan};
 pub use models::{Health, Model, Routing, Timeouts, UpstreamTls};
 pub use raw::{
     RawBilling, RawConfig, RawHealth, RawLimits, RawModel, RawPlan, RawPrices, RawResponses,
-    RawSecurity, RawServer, RawStore, RawStreaming, RawTimeouts, RawTls, RawUpstreamTls,
+    RawScheduling, RawSecurity, RawServer, RawStore, RawStreaming, RawTimeouts, RawTls,
+    RawUpstreamTls,
 };
 pub use replica::{parse_replica, Replica};
 pub use responses::Responses;
+pub use scheduling::{Capacity, EngineLoadMode, Scheduling};
 pub use server::{
     runtime_file_stem, ImageUrlPolicy, LimitEngine, Limits, ReasoningField, Security, Server,
     Streaming, TlsFiles, PINGORA_MAX_HEAD_BYTES,
@@ -67,6 +71,7 @@ pub struct Config {
     pub streaming: Streaming,
     pub security: Security,
     pub responses: Responses,
+    pub scheduling: Scheduling,
     pub models: Vec<Model>,
     pub aliases: Vec<Alias>,
     pub plans: Vec<Plan>,
@@ -129,6 +134,7 @@ impl Config {
             streaming,
             security,
             responses,
+            scheduling,
             models,
             aliases,
             plans,
@@ -141,6 +147,7 @@ impl Config {
         let streaming = server::validate_streaming(streaming, &mut errs);
         let security = server::validate_security(security, &mut errs);
         let responses = responses::validate_responses(responses, &mut errs);
+        let scheduling = scheduling::validate_scheduling(scheduling, &mut errs);
         let models = models::validate_models(models, env, &mut errs);
         let aliases = catalog::validate_aliases(aliases, &models, &mut errs);
         let plans = catalog::validate_plans(plans, &mut errs);
@@ -153,6 +160,7 @@ impl Config {
                 streaming,
                 security,
                 responses,
+                scheduling,
                 models,
                 aliases,
                 plans,

@@ -5,6 +5,7 @@
 
 use super::raw::{RawModel, RawUpstreamTls};
 use super::replica::{parse_replica, Replica};
+use super::scheduling::{validate_capacity, Capacity};
 use super::secrets::secret;
 use super::ModelId;
 use crate::billing::Prices;
@@ -50,6 +51,8 @@ pub struct Model {
     /// Which server the replicas run (see `upstream_profile`).
     pub server: ServerChoice,
     pub routing: Routing,
+    /// Requests running at once per replica (see `config::scheduling`).
+    pub capacity: Capacity,
 }
 
 /// How a model's `https://` replicas are reached (the files are read by the binary at start).
@@ -249,6 +252,7 @@ pub(super) fn validate_models(
                 Routing::LeastLoaded
             }
         };
+        let capacity = validate_capacity(m.max_concurrency, &m.engine_load, &key, errs);
         let upstream_tls = upstream_tls(m.upstream_tls.take(), &key, errs);
         if !upstream_tls.verify && !replicas.iter().any(|r| r.tls) {
             errs.push(format!(
@@ -292,6 +296,7 @@ pub(super) fn validate_models(
             tokenize_path: m.tokenize_path,
             server,
             routing,
+            capacity,
         });
     }
     out

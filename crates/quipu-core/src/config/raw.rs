@@ -27,6 +27,8 @@ pub struct RawConfig {
     #[serde(default)]
     pub responses: RawResponses,
     #[serde(default)]
+    pub scheduling: RawScheduling,
+    #[serde(default)]
     pub models: Vec<RawModel>,
     /// Other model names (glob patterns with `*` and `?`) → slug.
     #[serde(default)]
@@ -343,6 +345,50 @@ pub struct RawModel {
     /// `least_loaded`, `round_robin` or `prefix_affinity`.
     #[serde(default = "default_routing")]
     pub routing: String,
+    /// Requests Quipu has running at once on each replica (the engine's `--max-num-seqs`,
+    /// llama.cpp's `--parallel`); absent: every admitted request is forwarded at once (see
+    /// `config::scheduling`).
+    #[serde(default)]
+    pub max_concurrency: Option<u32>,
+    /// `"auto"` (read the engines' own load where the model is scheduled) or `"off"`.
+    #[serde(default = "default_engine_load")]
+    pub engine_load: String,
+}
+
+fn default_engine_load() -> String {
+    "auto".into()
+}
+
+/// `[scheduling]`: the queue of every scheduled model (see `config::scheduling`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawScheduling {
+    pub queue_timeout_ms: u64,
+    pub tenant_queue_cap: u32,
+    pub max_queued: u32,
+    pub batch_age_limit_ms: u64,
+    pub affinity_wait_ms: u64,
+    pub engine_queue_allowance: u32,
+    pub load_interval_ms: u64,
+    pub gateways: u32,
+    pub stream_head_after_ms: u64,
+}
+
+impl Default for RawScheduling {
+    fn default() -> Self {
+        let d = crate::schedule::SchedulerConfig::default();
+        RawScheduling {
+            queue_timeout_ms: d.queue_timeout.0,
+            tenant_queue_cap: d.tenant_queue_cap,
+            max_queued: d.max_queued,
+            batch_age_limit_ms: d.batch_age_limit.0,
+            affinity_wait_ms: d.affinity_wait.0,
+            engine_queue_allowance: d.engine_queue_allowance,
+            load_interval_ms: 500,
+            gateways: 1,
+            stream_head_after_ms: 1_000,
+        }
+    }
 }
 
 fn default_context_window() -> u64 {

@@ -23,6 +23,11 @@
 use serde::Deserialize;
 
 /// `owned_by` of its `/v1/models` cards.
+/// Its own scheduler's requests running, a Prometheus gauge at `/metrics` (see `load`).
+pub const RUNNING_GAUGE: &str = "llamacpp:requests_processing";
+/// Its own scheduler's requests waiting, a Prometheus gauge at `/metrics` (see `load`).
+pub const WAITING_GAUGE: &str = "llamacpp:requests_deferred";
+
 pub const OWNED_BY: &str = "llamacpp";
 
 /// It ignores `continuous_usage_stats`: not sent.

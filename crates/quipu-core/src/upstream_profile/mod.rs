@@ -14,6 +14,7 @@
 //! | usage and cached-token fields | each module's docs; read in [`crate::usage`] (llama.cpp's `timings` from [`llamacpp`]) |
 //! | reasoning field names | each module's docs; read in `translate` (`reasoning` and `reasoning_content` both) |
 //! | error bodies | each module's docs and tests; mapped in [`crate::translate::upstream_error`] |
+//! | its own load (running, waiting) | each module's gauge names; read in [`load`] |
 //!
 //! **Which server.** A model's `server` option says it (`"vllm"`, `"sglang"`, `"llama.cpp"`);
 //! the default, `"auto"`, detects each replica's server from `GET {api}/models`
@@ -23,6 +24,7 @@
 
 pub mod count;
 pub mod llamacpp;
+pub mod load;
 pub mod sglang;
 pub mod vllm;
 

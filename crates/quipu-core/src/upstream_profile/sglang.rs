@@ -20,6 +20,11 @@
 //! - **Detection**: `GET /v1/models` cards say `"owned_by": "sglang"`.
 
 /// `owned_by` of its `/v1/models` cards.
+/// Its own scheduler's requests running, a Prometheus gauge at `/metrics` (see `load`).
+pub const RUNNING_GAUGE: &str = "sglang:num_running_reqs";
+/// Its own scheduler's requests waiting, a Prometheus gauge at `/metrics` (see `load`).
+pub const WAITING_GAUGE: &str = "sglang:num_queue_reqs";
+
 pub const OWNED_BY: &str = "sglang";
 
 /// It honours `stream_options.continuous_usage_stats` (versions that do not ignore it).

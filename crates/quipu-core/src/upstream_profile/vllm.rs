@@ -18,6 +18,11 @@
 //! - **Detection**: `GET /v1/models` cards say `"owned_by": "vllm"`.
 
 /// `owned_by` of its `/v1/models` cards.
+/// Its own scheduler's requests running, a Prometheus gauge at `/metrics` (see `load`).
+pub const RUNNING_GAUGE: &str = "vllm:num_requests_running";
+/// Its own scheduler's requests waiting, a Prometheus gauge at `/metrics` (see `load`).
+pub const WAITING_GAUGE: &str = "vllm:num_requests_waiting";
+
 pub const OWNED_BY: &str = "vllm";
 
 /// It honours `stream_options.continuous_usage_stats`.
