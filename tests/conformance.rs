@@ -29,7 +29,7 @@
 
 use quipu::config::ReasoningField;
 use quipu::translate::chat::ChatStream;
-use quipu::translate::messages::prompt::shorten_tool_name;
+use quipu::translate::common::tool_names::shorten_tool_name;
 use quipu::translate::messages::{validate_event_sequence, MessagesStream};
 use quipu::translate::responses::{ResponsesContext, ResponsesStream, ToolName};
 use quipu::translate::{ResponseContext, StreamEnd, StreamTranslator};

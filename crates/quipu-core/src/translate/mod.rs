@@ -26,6 +26,7 @@
 pub mod base64;
 pub mod chat;
 pub mod chunk_parts;
+pub mod common;
 pub mod image_url;
 pub mod json_scan;
 pub mod messages;

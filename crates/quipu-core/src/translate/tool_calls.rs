@@ -33,8 +33,8 @@
 
 use crate::error::{ApiError, ErrorKind};
 use crate::protocol::upstream::ToolCallDelta;
+use crate::translate::common::finish::malformed_tool_arguments;
 use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
-use crate::translate::messages::response::malformed_tool_arguments;
 
 /// Most bytes of tool arguments held back for calls waiting for their block. A response is at
 /// most 8192 tokens, so real interleaved calls stay far below it.

@@ -10,7 +10,9 @@
 //! - [`count_tokens`]: `/v1/messages/count_tokens` ⇄ the upstream's `/tokenize`.
 //! - [`conformance`]: an event-sequence validator and an SDK-style accumulator, for tests and
 //!   fuzz targets.
-//! - [`rawjson`]: helpers over raw JSON text.
+//!
+//! What it shares with the other formats (raw JSON helpers, the request preamble, the finish
+//! table, tool-name shortening) is in [`super::common`].
 //!
 //! Usage semantics (docs/design.md): `input_tokens = prompt − cached`, `cache_read_input_tokens =
 //! cached`, `cache_creation_input_tokens = 0`, `output_tokens = completion`.
@@ -18,7 +20,6 @@
 pub mod conformance;
 pub mod count_tokens;
 pub mod prompt;
-pub mod rawjson;
 pub mod request;
 pub mod response;
 pub mod stream;

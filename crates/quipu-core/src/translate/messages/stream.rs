@@ -52,10 +52,7 @@
 //! [`on_failure`]: StreamTranslator::on_failure
 //! [`ObjectScanner`]: crate::translate::json_scan::ObjectScanner
 
-use super::response::{
-    client_tool_name, incomplete_tool_arguments, minted_tool_id, stop_reason, upstream_error,
-    StopReason,
-};
+use super::response::{client_tool_name, minted_tool_id};
 use crate::error::{ApiError, ClientFormat};
 use crate::protocol::anthropic_out::{
     BlockDelta, BlockStart, EmptyObject, MessageDelta, MessageId, MessageKind, MessageStart, Role,
@@ -63,6 +60,9 @@ use crate::protocol::anthropic_out::{
 };
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
 use crate::translate::chunk_parts::{self, ChunkParts, Metered};
+use crate::translate::common::finish::{
+    incomplete_tool_arguments, stop_reason, upstream_error, StopReason,
+};
 use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
 use crate::translate::{
     json_failure, malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
@@ -239,7 +239,7 @@ impl MessagesStream {
         let chunk: ChatChunk<'_> = serde_json::from_slice(data)
             .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
         if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
-            return Err(upstream_error(data, &self.ctx));
+            return Err(upstream_error(data, &self.ctx, ClientFormat::Messages));
         }
         let chunk_usage = chunk.usage();
         self.ensure_started(out, chunk_usage.as_ref());

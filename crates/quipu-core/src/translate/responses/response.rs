@@ -5,7 +5,7 @@
 //! text), one `function_call` per tool call. The object is [`super::object`]'s, the same the
 //! stream's `response.completed` carries.
 //!
-//! Judged as the messages format judges a completion (its [`stop_reason`] table and the same
+//! Judged as the messages format judges a completion (the shared [`stop_reason`] table and the same
 //! [`ObjectScanner`] the stream runs over each fragment), so both paths agree: malformed
 //! tool arguments are a 502; `abort`, `error` or an unknown finish reason is a 502; `length`
 //! is an `incomplete` response (`max_output_tokens`; a call cut off inside its arguments is an
@@ -22,11 +22,11 @@ use super::object::{
 use super::ResponsesContext;
 use crate::error::{ApiError, ClientFormat};
 use crate::protocol::upstream::ChatCompletion;
-use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
-use crate::translate::messages::response::{
+use crate::translate::common::finish::{
     incomplete_tool_arguments, malformed_response, malformed_tool_arguments, stop_reason,
-    upstream_error_in, StopReason,
+    upstream_error, StopReason,
 };
+use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
 use crate::translate::{json_failure, scrub_error};
 use crate::usage::Usage;
 
@@ -71,7 +71,7 @@ fn completion_to_response(
     let c: ChatCompletion<'_> = serde_json::from_slice(upstream_body)
         .map_err(|e| malformed_response(&json_failure("the completion", &e)))?;
     if c.error.is_some() || c.object.as_deref() == Some("error") {
-        return Err(upstream_error_in(
+        return Err(upstream_error(
             upstream_body,
             &ctx.base,
             ClientFormat::Responses,

@@ -56,10 +56,10 @@ use super::ResponsesContext;
 use crate::error::{write_json_str, ApiError, ClientFormat};
 use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
 use crate::translate::chunk_parts::{self, ChunkParts, Metered};
-use crate::translate::json_scan::Scan;
-use crate::translate::messages::response::{
-    incomplete_tool_arguments, stop_reason, upstream_error_in, StopReason,
+use crate::translate::common::finish::{
+    incomplete_tool_arguments, stop_reason, upstream_error, StopReason,
 };
+use crate::translate::json_scan::Scan;
 use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
 use crate::translate::{json_failure, malformed_stream, scrub_error, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
@@ -362,7 +362,7 @@ impl ResponsesStream {
         let chunk: ChatChunk<'_> = serde_json::from_slice(data)
             .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
         if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
-            return Err(upstream_error_in(
+            return Err(upstream_error(
                 data,
                 &self.ctx.base,
                 ClientFormat::Responses,

@@ -12,12 +12,12 @@
 //! (requests), [`response`] (non-streaming), [`stream_events`], [`errors`], [`claude_code`],
 //! [`robustness`]. The helpers below are shared; `fixture!` names a recorded upstream stream.
 
-use super::prompt::shorten_tool_name;
 use super::*;
 use crate::config::{Config, ImageUrlPolicy};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::sse::SseDecoder;
 use crate::testing::{replay, Replay};
+use crate::translate::common::tool_names::shorten_tool_name;
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{
     feed_stream, finish_stream, malformed_stream, ResponseContext, StreamEnd, StreamTranslator,
