@@ -5,6 +5,8 @@
 //! time (streams). That is what makes them unit-testable against recorded upstream output,
 //! fuzzable, and fast.
 //!
+//! A client format is one folder behind one contract, [`Format`] (see [`format`]):
+//!
 //! - [`chat`]: chat-format requests → upstream (validation, defaults, clamping, model rewrite);
 //!   upstream responses and streams → chat format (slug splice, usage-chunk filtering).
 //! - [`messages`]: messages-format requests → upstream; upstream responses and streams →
@@ -32,6 +34,7 @@ pub mod base64;
 pub mod chat;
 pub mod chunk_parts;
 pub mod common;
+pub mod format;
 pub mod image_url;
 pub mod json_scan;
 pub mod messages;
@@ -42,11 +45,21 @@ pub mod tool_calls;
 pub mod upstream_body;
 pub mod upstream_error;
 
+pub use format::{Format, Wire};
 pub use stream_core::{feed_stream, finish_stream, StreamEnd, StreamTranslator};
 
 use crate::billing::PromptSize;
 use crate::config::ModelId;
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+
+/// The facts of `format` ([`Format::WIRE`]): where a variant meets its folder.
+pub fn wire(format: ClientFormat) -> &'static Wire {
+    match format {
+        ClientFormat::Chat => &<chat::Chat as Format>::WIRE,
+        ClientFormat::Messages => &<messages::Messages as Format>::WIRE,
+        ClientFormat::Responses => &<responses::Responses as Format>::WIRE,
+    }
+}
 
 /// Requests above this many tokens of `max_tokens` are clamped to it (spec: default and max).
 pub const MAX_OUTPUT_TOKENS: u32 = 8192;
@@ -146,4 +159,39 @@ pub fn malformed_stream(detail: &str) -> ApiError {
         ErrorKind::Upstream,
         format!("the model server sent a malformed stream ({detail})"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::stream_core::StreamFormat;
+    use strum::IntoEnumIterator;
+
+    /// What a format's types say their variant is.
+    fn variants<F: Format>() -> [ClientFormat; 2] {
+        [F::FORMAT, <F::Writer as StreamFormat>::FORMAT]
+    }
+
+    #[test]
+    fn every_variant_is_its_folders_format() {
+        for format in ClientFormat::iter() {
+            let (said, wire_of) = match format {
+                ClientFormat::Chat => (variants::<chat::Chat>(), &chat::Chat::WIRE),
+                ClientFormat::Messages => {
+                    (variants::<messages::Messages>(), &messages::Messages::WIRE)
+                }
+                ClientFormat::Responses => (
+                    variants::<responses::Responses>(),
+                    &responses::Responses::WIRE,
+                ),
+            };
+            assert_eq!(said, [format; 2], "{format:?}");
+            assert_eq!(wire(format).x_api_key, wire_of.x_api_key, "{format:?}");
+            assert_eq!(
+                wire(format).version_headers,
+                wire_of.version_headers,
+                "{format:?}"
+            );
+        }
+    }
 }
