@@ -18,6 +18,9 @@
 //! byte-identical output, usage, end state and error. Every output must also be a valid
 //! stream of its format (see [`valid_messages`], [`valid_chat`] and [`valid_responses`]).
 //!
+//! The formats come from [`ClientFormat`]'s variants, so a new format is replayed here (and
+//! fuzzed: [`every_format_has_its_fuzz_targets`]) or does not compile.
+//!
 //! `QUIPU_BLESS=1 cargo test --release --test conformance` rewrites the `.expected` files from
 //! the current output (review the diff before committing).
 
@@ -37,7 +40,6 @@ use quipu::translate::{Format as _, ResponseContext, StreamEnd, StreamTranslator
 use quipu_core::testing::{replay, Replay};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use strum::IntoEnumIterator;
 
 const LONG_TOOL: &str = "mcp__claude_ai_project_tracker__create_issue_with_labels_and_assignees";
 /// The model name the recorded upstreams report (never shown to a client).
@@ -55,7 +57,7 @@ struct Format {
 /// it is listed here, and then fails until its `.expected` files exist), the chat format
 /// twice (with and without the client asking for usage).
 fn formats() -> Vec<Format> {
-    ClientFormat::iter()
+    ClientFormat::all()
         .flat_map(|format| match format {
             ClientFormat::Messages => vec![Format {
                 name: "messages",
@@ -343,6 +345,40 @@ fn every_split_gives_identical_output() {
             }
             let bytes: Vec<&[u8]> = input.chunks(1).collect();
             assert_same(&format!("{label}/bytewise"), &run(format, &bytes), &whole);
+        }
+    }
+}
+
+/// Every format is fuzzed: for each variant of [`ClientFormat`], its request and stream
+/// targets (`fuzz/fuzz_targets/<format>_request.rs`, `<format>_stream.rs`) exist, run that
+/// variant's body (`quipu_fuzz::formats`, whose `match` on the variant does not compile
+/// without it), are declared in `fuzz/Cargo.toml` and have a seed folder.
+#[test]
+fn every_format_has_its_fuzz_targets() {
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap();
+    for format in ClientFormat::all() {
+        for kind in ["request", "stream"] {
+            let target = format!("{}_{kind}", format.as_str());
+            let path = fuzz.join("fuzz_targets").join(format!("{target}.rs"));
+            let code = std::fs::read_to_string(&path)
+                .unwrap_or_else(|_| panic!("{format:?}: no fuzz target {}", path.display()));
+            let variant = format!("ClientFormat::{format:?}");
+            let body = format!("quipu_fuzz::formats::{kind}({format:?}, data)");
+            assert!(
+                code.contains(&variant) && code.contains(&body),
+                "{}: does not run {body} for {variant}",
+                path.display()
+            );
+            let declared = format!("name = \"{target}\"\npath = \"fuzz_targets/{target}.rs\"");
+            assert!(
+                manifest.contains(&declared),
+                "fuzz/Cargo.toml: no [[bin]] {target}"
+            );
+            assert!(
+                fuzz.join("seeds").join(&target).is_dir(),
+                "no fuzz/seeds/{target}"
+            );
         }
     }
 }

@@ -165,7 +165,6 @@ pub fn malformed_stream(detail: &str) -> ApiError {
 mod tests {
     use super::*;
     use crate::translate::stream_core::StreamFormat;
-    use strum::IntoEnumIterator;
 
     /// What a format's types say their variant is.
     fn variants<F: Format>() -> [ClientFormat; 2] {
@@ -174,7 +173,7 @@ mod tests {
 
     #[test]
     fn every_variant_is_its_folders_format() {
-        for format in ClientFormat::iter() {
+        for format in ClientFormat::all() {
             let (said, wire_of) = match format {
                 ClientFormat::Chat => (variants::<chat::Chat>(), &chat::Chat::WIRE),
                 ClientFormat::Messages => {
