@@ -6,11 +6,11 @@
 //! accumulate equals the non-streaming translation (usage included when the usage chunk was
 //! sent), or both fail with the same error.
 
-use super::{base, Fuzzed, UPSTREAM_MODEL};
+use super::{base, in_order_answer, Fuzzed, UPSTREAM_MODEL};
 use crate::Generated;
 use quipu_core::testing::Replay;
 use quipu_core::translate::messages::{accumulate_message, validate_event_sequence, Messages};
-use quipu_core::translate::{Format, ResponseContext, StreamEnd};
+use quipu_core::translate::{ResponseContext, StreamEnd};
 use serde_json::Value;
 
 impl Fuzzed for Messages {
@@ -79,50 +79,28 @@ impl Fuzzed for Messages {
         }
     }
 
-    fn compare(g: &Generated, whole: &Replay, _seen: (), _flags: u8) {
-        // Out of order, the stream cannot equal the message (blocks do not reopen): only the
-        // invariants above hold.
-        let Some(body) = g.completion.as_ref().filter(|_| g.in_order) else {
+    fn compare(g: &Generated, whole: &Replay, _seen: (), flags: u8) {
+        let Some((plain, usage)) = in_order_answer::<Self>(g, whole, flags) else {
             return;
         };
-        let plain = Messages::respond(body.to_string().as_bytes(), &Self::context(0));
-        match (whole.end, plain) {
-            (StreamEnd::Complete, Ok((json, usage))) => {
-                let streamed =
-                    accumulate_message(&whole.out).expect("a complete stream accumulates");
-                let plain: Value = serde_json::from_slice(&json).expect("JSON");
-                for k in [
-                    "id",
-                    "type",
-                    "role",
-                    "content",
-                    "stop_reason",
-                    "stop_sequence",
-                    "model",
-                ] {
-                    assert_eq!(
-                        streamed[k], plain[k],
-                        "`{k}` differs between stream and non-stream"
-                    );
-                }
-                if g.usage_sent {
-                    assert_eq!(streamed["usage"], plain["usage"], "usage differs");
-                    assert_eq!(whole.usage, usage, "metered usage differs");
-                }
-            }
-            (StreamEnd::Failed, Err(e)) => {
-                assert_eq!(
-                    whole.error.as_ref(),
-                    Some(&e),
-                    "stream and non-stream fail differently"
-                );
-            }
-            (end, plain) => panic!(
-                "stream ended {end:?} ({:?}) but non-stream gave {:?}\n{}",
-                whole.error,
-                plain.map(|(b, _)| String::from_utf8_lossy(&b).into_owned()),
-                String::from_utf8_lossy(&whole.out)
-            ),
+        let streamed = accumulate_message(&whole.out).expect("a complete stream accumulates");
+        for k in [
+            "id",
+            "type",
+            "role",
+            "content",
+            "stop_reason",
+            "stop_sequence",
+            "model",
+        ] {
+            assert_eq!(
+                streamed[k], plain[k],
+                "`{k}` differs between stream and non-stream"
+            );
+        }
+        if g.usage_sent {
+            assert_eq!(streamed["usage"], plain["usage"], "usage differs");
+            assert_eq!(whole.usage, usage, "metered usage differs");
         }
     }
 }

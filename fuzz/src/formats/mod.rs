@@ -31,6 +31,7 @@ use quipu_core::translate::chat::Chat;
 use quipu_core::translate::messages::Messages;
 use quipu_core::translate::responses::Responses;
 use quipu_core::translate::{Format, StreamEnd};
+use quipu_core::usage::Usage;
 use serde_json::Value;
 use std::sync::OnceLock;
 
@@ -149,6 +150,37 @@ fn stream_of<F: Fuzzed>(data: &[u8]) {
     );
     let seen = F::check_output(&whole, flags, None);
     F::compare(&g, &whole, seen, flags);
+}
+
+/// A generated answer that is clean and in message order ([`Generated::in_order`]) has a
+/// non-streaming equivalent: both translations complete (the non-streaming body and usage
+/// are returned, to compare), or both fail with the same error.
+fn in_order_answer<F: Fuzzed>(g: &Generated, whole: &Replay, flags: u8) -> Option<(Value, Usage)> {
+    // Out of order, the stream cannot equal the message (blocks do not reopen): only the
+    // invariants of every output hold.
+    let body = g.completion.as_ref().filter(|_| g.in_order)?;
+    match (
+        whole.end,
+        F::respond(body.to_string().as_bytes(), &F::context(flags)),
+    ) {
+        (StreamEnd::Complete, Ok((json, usage))) => {
+            Some((serde_json::from_slice(&json).expect("JSON"), usage))
+        }
+        (StreamEnd::Failed, Err(e)) => {
+            assert_eq!(
+                whole.error.as_ref(),
+                Some(&e),
+                "stream and non-stream fail differently"
+            );
+            None
+        }
+        (end, plain) => panic!(
+            "stream ended {end:?} ({:?}) but non-stream gave {:?}\n{}",
+            whole.error,
+            plain.map(|(b, _)| String::from_utf8_lossy(&b).into_owned()),
+            String::from_utf8_lossy(&whole.out)
+        ),
+    }
 }
 
 /// The base context of every format's answer.

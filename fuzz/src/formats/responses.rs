@@ -7,14 +7,14 @@
 //! accumulates. Generated, clean and in order: the same answer as the non-streaming
 //! translation (output and status), or both fail with the same error.
 
-use super::{base, Fuzzed, UPSTREAM_MODEL};
+use super::{base, in_order_answer, Fuzzed, UPSTREAM_MODEL};
 use crate::Generated;
 use quipu_core::testing::Replay;
 use quipu_core::translate::responses::request::parse_items;
 use quipu_core::translate::responses::{
     accumulate_response, validate_event_sequence, Responses, ResponsesContext, ResponsesTurn,
 };
-use quipu_core::translate::{Format, StreamEnd};
+use quipu_core::translate::StreamEnd;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -85,34 +85,15 @@ impl Fuzzed for Responses {
         last
     }
 
-    fn compare(g: &Generated, whole: &Replay, last: Value, _flags: u8) {
-        let Some(body) = g.completion.as_ref().filter(|_| g.in_order) else {
+    fn compare(g: &Generated, whole: &Replay, last: Value, flags: u8) {
+        let Some((plain, _)) = in_order_answer::<Self>(g, whole, flags) else {
             return;
         };
-        let plain = Responses::respond(body.to_string().as_bytes(), &Self::context(0));
-        match (whole.end, plain) {
-            (StreamEnd::Complete, Ok((json, _))) => {
-                let plain: Value = serde_json::from_slice(&json).expect("JSON");
-                for k in ["status", "incomplete_details", "output"] {
-                    assert_eq!(
-                        last[k], plain[k],
-                        "`{k}` differs between stream and non-stream"
-                    );
-                }
-            }
-            (StreamEnd::Failed, Err(e)) => {
-                assert_eq!(
-                    whole.error.as_ref(),
-                    Some(&e),
-                    "stream and non-stream fail differently"
-                );
-            }
-            (end, plain) => panic!(
-                "stream ended {end:?} ({:?}) but non-stream gave {:?}\n{}",
-                whole.error,
-                plain.map(|(b, _)| String::from_utf8_lossy(&b).into_owned()),
-                String::from_utf8_lossy(&whole.out)
-            ),
+        for k in ["status", "incomplete_details", "output"] {
+            assert_eq!(
+                last[k], plain[k],
+                "`{k}` differs between stream and non-stream"
+            );
         }
     }
 }

@@ -41,6 +41,8 @@ pub mod messages;
 pub mod responses;
 pub mod splice;
 pub mod stream_core;
+#[cfg(test)]
+mod test_support;
 pub mod tool_calls;
 pub mod upstream_body;
 pub mod upstream_error;

@@ -6,9 +6,10 @@
 //! way.
 
 use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::protocol::upstream::{ChatCompletion, CompletionChoice};
 use crate::translate::common::rawjson::is_object;
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
-use crate::translate::ResponseContext;
+use crate::translate::{json_failure, ResponseContext};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -114,6 +115,30 @@ pub fn upstream_error(body: &[u8], ctx: &ResponseContext, format: ClientFormat) 
         },
         format,
     )
+}
+
+/// A non-streaming upstream body read as a completion: an unreadable body or an upstream
+/// error object (in `format`'s wording) is the client's error.
+pub fn read_completion<'b>(
+    upstream_body: &'b [u8],
+    ctx: &ResponseContext,
+    format: ClientFormat,
+) -> Result<ChatCompletion<'b>, ApiError> {
+    let c: ChatCompletion<'_> = serde_json::from_slice(upstream_body)
+        .map_err(|e| malformed_response(&json_failure("the completion", &e)))?;
+    if c.error.is_some() || c.object.as_deref() == Some("error") {
+        return Err(upstream_error(upstream_body, ctx, format));
+    }
+    Ok(c)
+}
+
+/// The choice a completion answers with: index 0, else the first; none is an error.
+pub fn answer<'c, 'a>(c: &'c ChatCompletion<'a>) -> Result<&'c CompletionChoice<'a>, ApiError> {
+    c.choices
+        .iter()
+        .find(|ch| ch.index == 0)
+        .or(c.choices.first())
+        .ok_or_else(|| malformed_response("a completion without choices"))
 }
 
 /// A response the gateway cannot read.

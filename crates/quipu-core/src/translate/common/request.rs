@@ -1,6 +1,7 @@
 //! What the create requests of the formats read alike: the body's top level (UTF-8, one JSON
 //! object, serde's complaint turned into a client message), `model` (a slug or an alias of
-//! one), booleans, bounded numbers and token counts (`max_tokens`, `max_output_tokens`).
+//! one), booleans, bounded numbers and token counts (`max_tokens`, `max_output_tokens`), and
+//! the sampling members every upstream body carries ([`write_sampling`]).
 //!
 //! Errors here start with the offending field's path ([`invalid`]): the messages format's
 //! and the Responses API's clients show only the message. The chat format words its own
@@ -10,7 +11,7 @@
 use crate::config::{Config, Model};
 use crate::error::{ApiError, ErrorKind};
 use crate::translate::common::rawjson;
-use crate::translate::MAX_OUTPUT_TOKENS;
+use crate::translate::{DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 
@@ -104,6 +105,34 @@ pub fn number_in(
         return Err(bad());
     }
     Ok(f)
+}
+
+/// Writes `,"max_tokens":N,"temperature":T` and, when sent, `,"top_p":P`: `temperature` in
+/// `[0, max_temperature]` (the default when absent), `top_p` in `(0, 1]`, each copied as the
+/// client wrote it.
+pub fn write_sampling(
+    out: &mut Vec<u8>,
+    max_tokens: u32,
+    temperature: Option<&RawValue>,
+    max_temperature: f64,
+    top_p: Option<&RawValue>,
+) -> Result<(), ApiError> {
+    out.extend_from_slice(b",\"max_tokens\":");
+    out.extend_from_slice(itoa::Buffer::new().format(max_tokens).as_bytes());
+    out.extend_from_slice(b",\"temperature\":");
+    match temperature {
+        Some(raw) => {
+            number_in(raw, "temperature", 0.0, max_temperature, true)?;
+            out.extend_from_slice(raw.get().as_bytes());
+        }
+        None => out.extend_from_slice(DEFAULT_TEMPERATURE.to_string().as_bytes()),
+    }
+    if let Some(raw) = top_p {
+        number_in(raw, "top_p", 0.0, 1.0, false)?;
+        out.extend_from_slice(b",\"top_p\":");
+        out.extend_from_slice(raw.get().as_bytes());
+    }
+    Ok(())
 }
 
 /// Which spellings of a count too large for `u64` (serde reads it as a float) are taken, and

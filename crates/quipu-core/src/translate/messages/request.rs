@@ -26,10 +26,10 @@ use crate::protocol::anthropic::{
 };
 use crate::translate::common::rawjson::{self, is_array, is_string};
 use crate::translate::common::request::{
-    body_error, bool_field, invalid, max_tokens_field, number_in, object_text, resolve_model,
+    body_error, bool_field, invalid, max_tokens_field, object_text, resolve_model, write_sampling,
 };
 use crate::translate::upstream_body::{self, Endpoint};
-use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
+use crate::translate::{UpstreamRequest, MAX_OUTPUT_TOKENS};
 use serde_json::value::RawValue;
 
 /// Validates a messages-format request and writes its upstream form.
@@ -58,21 +58,7 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
         &mut out,
     )?;
 
-    out.extend_from_slice(b",\"max_tokens\":");
-    out.extend_from_slice(max_tokens.to_string().as_bytes());
-    out.extend_from_slice(b",\"temperature\":");
-    match req.temperature {
-        Some(raw) => {
-            number_in(raw, "temperature", 0.0, 1.0, true)?;
-            out.extend_from_slice(raw.get().as_bytes());
-        }
-        None => out.extend_from_slice(DEFAULT_TEMPERATURE.to_string().as_bytes()),
-    }
-    if let Some(raw) = req.top_p {
-        number_in(raw, "top_p", 0.0, 1.0, false)?;
-        out.extend_from_slice(b",\"top_p\":");
-        out.extend_from_slice(raw.get().as_bytes());
-    }
+    write_sampling(&mut out, max_tokens, req.temperature, 1.0, req.top_p)?;
     if let Some(raw) = req.top_k {
         let ok = serde_json::from_str::<u64>(raw.get()).is_ok();
         if !ok {

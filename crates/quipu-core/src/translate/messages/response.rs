@@ -17,10 +17,10 @@
 
 use crate::error::{ApiError, ClientFormat};
 use crate::protocol::anthropic_out::{Block, Message, MessageId, MessageKind, Role, UsageOut};
-use crate::protocol::upstream::{ChatCompletion, CompletionToolCall};
+use crate::protocol::upstream::CompletionToolCall;
 use crate::translate::common::finish::{
-    incomplete_tool_arguments, malformed_response, malformed_tool_arguments, stop_reason,
-    upstream_error, StopReason,
+    answer, incomplete_tool_arguments, malformed_response, malformed_tool_arguments,
+    read_completion, stop_reason, StopReason,
 };
 use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
 use crate::translate::{json_failure, scrub_error, ResponseContext};
@@ -59,17 +59,8 @@ fn completion_to_message(
     upstream_body: &[u8],
     ctx: &ResponseContext,
 ) -> Result<(Vec<u8>, Usage), ApiError> {
-    let c: ChatCompletion<'_> = serde_json::from_slice(upstream_body)
-        .map_err(|e| malformed_response(&json_failure("the completion", &e)))?;
-    if c.error.is_some() || c.object.as_deref() == Some("error") {
-        return Err(upstream_error(upstream_body, ctx, ClientFormat::Messages));
-    }
-    let choice = c
-        .choices
-        .iter()
-        .find(|ch| ch.index == 0)
-        .or(c.choices.first())
-        .ok_or_else(|| malformed_response("a completion without choices"))?;
+    let c = read_completion(upstream_body, ctx, ClientFormat::Messages)?;
+    let choice = answer(&c)?;
     let msg = &choice.message;
     let calls = msg.tool_calls.as_deref().unwrap_or_default();
     let scans: Vec<Scan> = calls

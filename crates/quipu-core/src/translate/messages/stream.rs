@@ -65,7 +65,7 @@ use crate::protocol::upstream::{ChunkChoice, ToolCallDelta};
 use crate::translate::chunk_parts::{self, ChunkParts};
 use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
 use crate::translate::stream_core::{Core, Stream, StreamFormat};
-use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
+use crate::translate::tool_calls::{CallBlocks, ToolCalls, Whitespace};
 use crate::translate::ResponseContext;
 use crate::usage::Usage;
 
@@ -184,8 +184,28 @@ impl MessagesWriter {
         }
         .write(out);
     }
+}
 
-    fn input_json(&self, fragment: &str, out: &mut Vec<u8>) {
+impl CallBlocks for MessagesWriter {
+    const CLOSED_EARLY: &'static str = CLOSED_EARLY;
+
+    fn calls(&self) -> &ToolCalls {
+        &self.calls
+    }
+
+    fn calls_mut(&mut self) -> &mut ToolCalls {
+        &mut self.calls
+    }
+
+    fn open_call(&self) -> Option<usize> {
+        match self.open {
+            Open::Tool(slot) => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// An `input_json_delta` of the open block.
+    fn arguments(&mut self, fragment: &str, out: &mut Vec<u8>) {
         self.delta(
             BlockDelta::InputJsonDelta {
                 partial_json: fragment,
@@ -194,16 +214,8 @@ impl MessagesWriter {
         );
     }
 
-    /// The slot of the call whose block is open.
-    fn open_call(&self) -> Option<usize> {
-        match self.open {
-            Open::Tool(slot) => Some(slot),
-            _ => None,
-        }
-    }
-
     /// Opens call `slot`'s block and writes the arguments held for it.
-    fn start_tool(&mut self, slot: usize, out: &mut Vec<u8>) {
+    fn start_call(&mut self, slot: usize, out: &mut Vec<u8>) {
         let index = self.next_block(Open::Tool(slot), out);
         let request_id = &self.ctx.request_id;
         let Some(started) = self.calls.start(slot, || minted_tool_id(request_id, slot)) else {
@@ -220,15 +232,7 @@ impl MessagesWriter {
         .write(out);
         let pending = started.pending;
         if !pending.is_empty() {
-            self.input_json(&pending, out);
-        }
-    }
-
-    /// Starts (and so flushes) tool calls still waiting — for a name, or for the open call to
-    /// complete: the generation is over.
-    fn flush_pending_tools(&mut self, out: &mut Vec<u8>) {
-        while let Some(slot) = self.calls.next_waiting() {
-            self.start_tool(slot, out);
+            self.arguments(&pending, out);
         }
     }
 }
@@ -294,19 +298,8 @@ impl ChunkParts for MessagesWriter {
         self.delta(BlockDelta::TextDelta { text }, out);
     }
 
-    /// One entry of `delta.tool_calls`.
     fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let mut step = self
-            .calls
-            .delta(tc)
-            .map_err(|e| e.into_api_error(CLOSED_EARLY))?;
-        while let Some(action) = step.next(&self.calls, self.open_call()) {
-            match action {
-                Action::Arguments { text, .. } => self.input_json(text, out),
-                Action::Start(slot) => self.start_tool(slot, out),
-            }
-        }
-        Ok(())
+        self.call_delta(tc, out)
     }
 
     /// The finish chunk: hold `message_delta`, or the error the finish amounts to.
@@ -319,7 +312,7 @@ impl ChunkParts for MessagesWriter {
         let had_tools = !self.calls.is_empty();
         let matched = choice.matched_stop_string();
         let stop = stop_reason(Some(finish), matched, had_tools)?;
-        self.flush_pending_tools(out);
+        self.start_waiting(out);
         self.close_block(out);
         if self.calls.any_partial() {
             return Err(incomplete_tool_arguments(finish));

@@ -21,13 +21,12 @@ use super::object::{
 };
 use super::ResponsesContext;
 use crate::error::{ApiError, ClientFormat};
-use crate::protocol::upstream::ChatCompletion;
 use crate::translate::common::finish::{
-    incomplete_tool_arguments, malformed_response, malformed_tool_arguments, stop_reason,
-    upstream_error, StopReason,
+    answer, incomplete_tool_arguments, malformed_tool_arguments, read_completion, stop_reason,
+    StopReason,
 };
 use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
-use crate::translate::{json_failure, scrub_error};
+use crate::translate::scrub_error;
 use crate::usage::Usage;
 
 /// A response's status from the messages format's stop reason.
@@ -68,21 +67,8 @@ fn completion_to_response(
     upstream_body: &[u8],
     ctx: &ResponsesContext,
 ) -> Result<(Vec<u8>, Usage), ApiError> {
-    let c: ChatCompletion<'_> = serde_json::from_slice(upstream_body)
-        .map_err(|e| malformed_response(&json_failure("the completion", &e)))?;
-    if c.error.is_some() || c.object.as_deref() == Some("error") {
-        return Err(upstream_error(
-            upstream_body,
-            &ctx.base,
-            ClientFormat::Responses,
-        ));
-    }
-    let choice = c
-        .choices
-        .iter()
-        .find(|ch| ch.index == 0)
-        .or(c.choices.first())
-        .ok_or_else(|| malformed_response("a completion without choices"))?;
+    let c = read_completion(upstream_body, &ctx.base, ClientFormat::Responses)?;
+    let choice = answer(&c)?;
     let msg = &choice.message;
     let calls = msg.tool_calls.as_deref().unwrap_or_default();
     let args: Vec<&str> = calls

@@ -62,7 +62,7 @@ use crate::translate::chunk_parts::{self, ChunkParts};
 use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
 use crate::translate::json_scan::Scan;
 use crate::translate::stream_core::{Core, Stream, StreamFormat};
-use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
+use crate::translate::tool_calls::{CallBlocks, ToolCalls, Whitespace};
 use crate::translate::ResponseContext;
 use crate::usage::Usage;
 
@@ -311,13 +311,31 @@ impl ResponsesWriter {
         write_json_str(out, fragment);
         frame_close(out);
     }
+}
 
-    /// The slot of the call whose item is open.
+impl CallBlocks for ResponsesWriter {
+    const CLOSED_EARLY: &'static str = CLOSED_EARLY;
+
+    fn calls(&self) -> &ToolCalls {
+        &self.calls
+    }
+
+    fn calls_mut(&mut self) -> &mut ToolCalls {
+        &mut self.calls
+    }
+
     fn open_call(&self) -> Option<usize> {
         match self.open {
             Open::Call(slot) => Some(slot),
             _ => None,
         }
+    }
+
+    /// Forwards a fragment of the open call's arguments.
+    fn arguments(&mut self, fragment: &str, out: &mut Vec<u8>) {
+        self.arguments_delta(fragment, out);
+        self.text.push_str(fragment);
+        self.output_bytes += fragment.len();
     }
 
     /// Adds call `slot`'s item and writes the arguments held for it.
@@ -340,21 +358,7 @@ impl ResponsesWriter {
         frame_close(out);
         let pending = started.pending;
         if !pending.is_empty() {
-            self.call_fragment(&pending, out);
-        }
-    }
-
-    /// Forwards a fragment of the open call's arguments.
-    fn call_fragment(&mut self, fragment: &str, out: &mut Vec<u8>) {
-        self.arguments_delta(fragment, out);
-        self.text.push_str(fragment);
-        self.output_bytes += fragment.len();
-    }
-
-    /// Starts the calls still waiting: the generation is over.
-    fn flush_pending_calls(&mut self, out: &mut Vec<u8>) {
-        while let Some(slot) = self.calls.next_waiting() {
-            self.start_call(slot, out);
+            self.arguments(&pending, out);
         }
     }
 }
@@ -467,19 +471,8 @@ impl ChunkParts for ResponsesWriter {
         self.output_bytes += text.len();
     }
 
-    /// One entry of `delta.tool_calls`.
     fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let mut step = self
-            .calls
-            .delta(tc)
-            .map_err(|e| e.into_api_error(CLOSED_EARLY))?;
-        while let Some(action) = step.next(&self.calls, self.open_call()) {
-            match action {
-                Action::Arguments { text, .. } => self.call_fragment(text, out),
-                Action::Start(slot) => self.start_call(slot, out),
-            }
-        }
-        Ok(())
+        self.call_delta(tc, out)
     }
 
     /// The finish chunk: close the items and hold the end (or the error the finish is).
@@ -495,7 +488,7 @@ impl ChunkParts for ResponsesWriter {
             return Err(incomplete_tool_arguments(finish));
         }
         let status = status_of(stop);
-        self.flush_pending_calls(out);
+        self.start_waiting(out);
         self.close_item(out, matches!(status, Status::Incomplete(_)));
         Ok(status)
     }

@@ -18,6 +18,7 @@ use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::sse::SseDecoder;
 use crate::testing::{replay, Replay};
 use crate::translate::common::tool_names::shorten_tool_name;
+use crate::translate::test_support::{events, fixture, names};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{
     feed_stream, finish_stream, malformed_stream, ResponseContext, StreamEnd, StreamTranslator,
@@ -117,35 +118,6 @@ fn sse(chunks: &[Value]) -> String {
     }
     s.push_str("data: [DONE]\n\n");
     s
-}
-
-fn events(bytes: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(bytes).unwrap();
-    text.split("\n\n")
-        .filter(|f| !f.is_empty())
-        .map(|f| {
-            let (ev, data) = f.split_once('\n').unwrap();
-            (
-                ev.strip_prefix("event: ").unwrap().to_owned(),
-                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
-            )
-        })
-        .collect()
-}
-
-fn names(bytes: &[u8]) -> Vec<String> {
-    events(bytes).into_iter().map(|(n, _)| n).collect()
-}
-
-macro_rules! fixture {
-    ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/streams/",
-            $name,
-            ".sse"
-        ))
-    };
 }
 
 fn chunk(delta: Value, finish: Value) -> Value {

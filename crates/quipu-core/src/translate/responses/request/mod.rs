@@ -33,10 +33,10 @@ use crate::error::{ApiError, ErrorKind};
 use crate::protocol::responses::{ResponsesItem, ResponsesRequest, StoredResponseObject};
 use crate::translate::common::rawjson::{self, is_array, is_string};
 use crate::translate::common::request::{
-    body_error, bool_field, max_tokens_field, number_in, object_text, resolve_model,
+    body_error, bool_field, max_tokens_field, object_text, resolve_model, write_sampling,
 };
 use crate::translate::upstream_body::{self, Endpoint};
-use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
+use crate::translate::{UpstreamRequest, MAX_OUTPUT_TOKENS};
 use input::Source;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -209,21 +209,7 @@ pub fn responses_to_upstream(
     tools::write_tools(&declared, &choice, &mut out);
     let prompt_bytes = messages_range.len() + (out.len() - tools_start);
 
-    out.extend_from_slice(b",\"max_tokens\":");
-    out.extend_from_slice(itoa::Buffer::new().format(max_tokens).as_bytes());
-    out.extend_from_slice(b",\"temperature\":");
-    match req.temperature {
-        Some(raw) => {
-            number_in(raw, "temperature", 0.0, 2.0, true)?;
-            out.extend_from_slice(raw.get().as_bytes());
-        }
-        None => out.extend_from_slice(DEFAULT_TEMPERATURE.to_string().as_bytes()),
-    }
-    if let Some(raw) = req.top_p {
-        number_in(raw, "top_p", 0.0, 1.0, false)?;
-        out.extend_from_slice(b",\"top_p\":");
-        out.extend_from_slice(raw.get().as_bytes());
-    }
+    write_sampling(&mut out, max_tokens, req.temperature, 2.0, req.top_p)?;
     options::write_text(req.text, &mut out)?;
     tools::write_choice(&choice, &declared, &mut out);
     if let Some(raw) = req.parallel_tool_calls {

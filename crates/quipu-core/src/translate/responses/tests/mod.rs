@@ -10,6 +10,7 @@ use super::*;
 use crate::config::Config;
 use crate::error::{ApiError, ErrorKind};
 use crate::testing::{replay, Replay};
+use crate::translate::test_support::{events, fixture, names};
 use crate::translate::{ResponseContext, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
 use serde_json::{json, Value};
@@ -129,35 +130,6 @@ fn usage_chunk(prompt: u64, completion: u64, cached: u64) -> Value {
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                   "total_tokens": prompt + completion,
                   "prompt_tokens_details": {"cached_tokens": cached}}})
-}
-
-fn events(bytes: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(bytes).unwrap();
-    text.split("\n\n")
-        .filter(|f| !f.is_empty())
-        .map(|f| {
-            let (ev, data) = f.split_once('\n').unwrap();
-            (
-                ev.strip_prefix("event: ").unwrap().to_owned(),
-                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
-            )
-        })
-        .collect()
-}
-
-fn names(bytes: &[u8]) -> Vec<String> {
-    events(bytes).into_iter().map(|(n, _)| n).collect()
-}
-
-macro_rules! fixture {
-    ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/streams/",
-            $name,
-            ".sse"
-        ))
-    };
 }
 
 // The topics come last: `fixture!` above must be defined before them.
