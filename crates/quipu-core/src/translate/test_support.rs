@@ -1,7 +1,42 @@
-//! What the format folders' unit tests share: reading an `event: …` stream back, and the
-//! recorded upstream streams of `tests/fixtures/streams/` (`fixture!`).
+//! What the format folders' unit tests share: the embedded config, a field error's `param`,
+//! upstream completions and SSE bodies, reading an `event: …` stream back, and the recorded
+//! upstream streams of `tests/fixtures/streams/` (`fixture!`).
 
-use serde_json::Value;
+use crate::config::Config;
+use crate::error::{ApiError, ErrorKind};
+use serde_json::{json, Value};
+use std::sync::OnceLock;
+
+/// The embedded configuration (`conf/quipu.toml`'s defaults), parsed once.
+pub(crate) fn config() -> &'static Config {
+    static C: OnceLock<Config> = OnceLock::new();
+    C.get_or_init(|| Config::parse(crate::config::EMBEDDED_DEFAULT, "embedded").unwrap())
+}
+
+/// The field a 400 names.
+pub(crate) fn param(e: &ApiError) -> &str {
+    match &e.kind {
+        ErrorKind::InvalidRequest { param: Some(p) } => p,
+        other => panic!("not a field error: {other:?} {}", e.message),
+    }
+}
+
+/// An upstream completion answering `message`.
+pub(crate) fn completion(message: Value, finish: &str, usage: Value) -> Value {
+    json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "Qwen/Qwen3-VL-32B-Instruct",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": null}],
+        "usage": usage})
+}
+
+/// `data: …\n\n` for each chunk, then `data: [DONE]`.
+pub(crate) fn sse(chunks: &[Value]) -> String {
+    let mut s = String::new();
+    for c in chunks {
+        s.push_str(&format!("data: {c}\n\n"));
+    }
+    s.push_str("data: [DONE]\n\n");
+    s
+}
 
 /// The frames of an `event: <name>\ndata: <json>` stream: (name, data).
 pub(crate) fn events(bytes: &[u8]) -> Vec<(String, Value)> {

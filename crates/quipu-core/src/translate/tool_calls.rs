@@ -44,8 +44,7 @@ pub trait CallBlocks {
     /// The error for arguments of a call whose block had to be closed early, in the format's
     /// words.
     const CLOSED_EARLY: &'static str;
-    fn calls(&self) -> &ToolCalls;
-    fn calls_mut(&mut self) -> &mut ToolCalls;
+    fn calls(&mut self) -> &mut ToolCalls;
     /// The slot of the call whose block is open, if a call's is.
     fn open_call(&self) -> Option<usize>;
     /// Writes `text` as arguments of the open call.
@@ -57,10 +56,14 @@ pub trait CallBlocks {
     /// One entry of `delta.tool_calls`.
     fn call_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
         let mut step = self
-            .calls_mut()
+            .calls()
             .delta(tc)
             .map_err(|e| e.into_api_error(Self::CLOSED_EARLY))?;
-        while let Some(action) = step.next(self.calls(), self.open_call()) {
+        loop {
+            let open = self.open_call();
+            let Some(action) = step.next(self.calls(), open) else {
+                break;
+            };
             match action {
                 Action::Arguments { text, .. } => self.arguments(text, out),
                 Action::Start(slot) => self.start_call(slot, out),

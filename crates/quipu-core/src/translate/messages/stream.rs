@@ -189,11 +189,7 @@ impl MessagesWriter {
 impl CallBlocks for MessagesWriter {
     const CLOSED_EARLY: &'static str = CLOSED_EARLY;
 
-    fn calls(&self) -> &ToolCalls {
-        &self.calls
-    }
-
-    fn calls_mut(&mut self) -> &mut ToolCalls {
+    fn calls(&mut self) -> &mut ToolCalls {
         &mut self.calls
     }
 

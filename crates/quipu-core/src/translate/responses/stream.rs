@@ -316,11 +316,7 @@ impl ResponsesWriter {
 impl CallBlocks for ResponsesWriter {
     const CLOSED_EARLY: &'static str = CLOSED_EARLY;
 
-    fn calls(&self) -> &ToolCalls {
-        &self.calls
-    }
-
-    fn calls_mut(&mut self) -> &mut ToolCalls {
+    fn calls(&mut self) -> &mut ToolCalls {
         &mut self.calls
     }
 

@@ -7,19 +7,12 @@
 //! `tests/conformance.rs`).
 
 use super::*;
-use crate::config::Config;
 use crate::error::{ApiError, ErrorKind};
 use crate::testing::{replay, Replay};
-use crate::translate::test_support::{events, fixture, names};
+use crate::translate::test_support::{completion, config, events, fixture, names, param, sse};
 use crate::translate::{ResponseContext, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
 use serde_json::{json, Value};
-use std::sync::OnceLock;
-
-fn config() -> &'static Config {
-    static C: OnceLock<Config> = OnceLock::new();
-    C.get_or_init(|| Config::parse(crate::config::EMBEDDED_DEFAULT, "embedded").unwrap())
-}
 
 fn base(input: Value) -> Value {
     json!({"model": "aguila", "input": input})
@@ -45,13 +38,6 @@ fn reject(v: &Value) -> ApiError {
             String::from_utf8_lossy(&r.upstream.body)
         ),
         Err(e) => e,
-    }
-}
-
-fn param(e: &ApiError) -> &str {
-    match &e.kind {
-        ErrorKind::InvalidRequest { param: Some(p) } => p,
-        other => panic!("not a field error: {other:?} {}", e.message),
     }
 }
 
@@ -96,28 +82,12 @@ fn nonstream(body: &Value) -> Result<(Value, Usage), ApiError> {
     nonstream_with(body, &ctx())
 }
 
-fn completion(message: Value, finish: &str, usage: Value) -> Value {
-    json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": UPSTREAM_MODEL,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": null}],
-        "usage": usage})
-}
-
 fn stream_with(input: &str, ctx: ResponsesContext) -> Replay {
     replay(&mut ResponsesStream::new(ctx), &[input.as_bytes()])
 }
 
 fn stream(input: &str) -> Replay {
     stream_with(input, ctx())
-}
-
-/// `data: …\n\n` for each chunk, then `data: [DONE]`.
-fn sse(chunks: &[Value]) -> String {
-    let mut s = String::new();
-    for c in chunks {
-        s.push_str(&format!("data: {c}\n\n"));
-    }
-    s.push_str("data: [DONE]\n\n");
-    s
 }
 
 fn chunk(delta: Value, finish: Value) -> Value {
