@@ -2,9 +2,9 @@
 //! of its parts reach the format's writer and in which order, how output is metered while the
 //! upstream has reported no usage, and when the held finish is written.
 //!
-//! A format implements [`ChunkParts`] (what it writes for its start, reasoning, text, a
-//! tool-call fragment, the finish) over its [`StreamFormat`], and its `chunk` is [`walk`]; the
-//! rules live here once:
+//! A format implements [`ChunkParts`] (what it writes for its start, reasoning, text, the
+//! finish) over its [`StreamFormat`] and its [`CallBlocks`] (tool calls), and its `chunk` is
+//! [`walk`]; the rules live here once:
 //!
 //! - a chunk that is not JSON fails the stream; an upstream error object in one fails it with
 //!   that error, in the format's wording ([`upstream_error`]);
@@ -23,20 +23,21 @@
 //! [`Metered`]: crate::translate::stream_core::Metered
 
 use crate::error::ApiError;
-use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
+use crate::protocol::upstream::{ChatChunk, ChunkChoice};
 use crate::translate::common::finish::upstream_error;
 use crate::translate::stream_core::{Core, StreamFormat};
+use crate::translate::tool_calls::CallBlocks;
 use crate::translate::{json_failure, malformed_stream};
 use crate::usage::Usage;
 
-/// What a client format writes for the parts of an upstream chunk.
-pub trait ChunkParts: StreamFormat {
+/// What a client format writes for the parts of an upstream chunk. Tool-call fragments go to
+/// its [`CallBlocks`] (a walking format shows each call as a block of its own).
+pub trait ChunkParts: StreamFormat + CallBlocks {
     /// The stream's first frames, before any part; `usage` is the first chunk's, if it has
     /// one.
     fn start(&mut self, usage: Option<&Usage>, out: &mut Vec<u8>);
     fn reasoning(&mut self, text: &str, out: &mut Vec<u8>);
     fn text(&mut self, text: &str, out: &mut Vec<u8>);
-    fn tool_delta(&mut self, delta: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError>;
     /// Choice 0's `finish_reason`: what to write once usage is known, or the error the finish
     /// amounts to (held too, so the usage chunk is metered first).
     fn finish(
@@ -100,7 +101,7 @@ fn dispatch<P: ChunkParts>(
                     .and_then(|f| f.arguments.as_deref())
                     .is_some_and(|a| !a.is_empty());
                 fragments += u64::from(carries);
-                if let Err(e) = parts.tool_delta(tc, out) {
+                if let Err(e) = parts.call_delta(tc, out) {
                     result = Err(e);
                     break;
                 }

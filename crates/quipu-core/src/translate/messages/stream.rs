@@ -61,7 +61,7 @@ use crate::protocol::anthropic_out::{
     BlockDelta, BlockStart, EmptyObject, MessageDelta, MessageId, MessageKind, MessageStart, Role,
     StreamEvent, UsageOut,
 };
-use crate::protocol::upstream::{ChunkChoice, ToolCallDelta};
+use crate::protocol::upstream::ChunkChoice;
 use crate::translate::chunk_parts::{self, ChunkParts};
 use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
 use crate::translate::stream_core::{Core, Stream, StreamFormat};
@@ -292,10 +292,6 @@ impl ChunkParts for MessagesWriter {
             self.open_block(Open::Text, BlockStart::Text { text: "" }, out);
         }
         self.delta(BlockDelta::TextDelta { text }, out);
-    }
-
-    fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        self.call_delta(tc, out)
     }
 
     /// The finish chunk: hold `message_delta`, or the error the finish amounts to.

@@ -57,7 +57,7 @@ use super::object::{
 use super::response::status_of;
 use super::ResponsesContext;
 use crate::error::{write_json_str, ApiError, ClientFormat};
-use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
+use crate::protocol::upstream::{ChatChunk, ChunkChoice};
 use crate::translate::chunk_parts::{self, ChunkParts};
 use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
 use crate::translate::json_scan::Scan;
@@ -465,10 +465,6 @@ impl ChunkParts for ResponsesWriter {
         frame_close(out);
         self.text.push_str(text);
         self.output_bytes += text.len();
-    }
-
-    fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        self.call_delta(tc, out)
     }
 
     /// The finish chunk: close the items and hold the end (or the error the finish is).
