@@ -142,12 +142,13 @@ impl KeySnapshot {
     /// Authenticates a request's headers for an endpoint of `format`.
     ///
     /// Every format takes `Authorization: Bearer`. A format whose SDKs send `x-api-key`
-    /// ([`crate::translate::Wire::x_api_key`]: the messages format) also takes that, and Claude Code sends both when both of its variables are set — e.g. a
-    /// vendor key in `ANTHROPIC_API_KEY` (as `x-api-key`) and the gateway key in
-    /// `ANTHROPIC_AUTH_TOKEN` (as `Bearer`): the request is accepted if either names an active
-    /// key, the bearer token first, and refused only if none does. Both candidates are always
-    /// looked up (digest lookup, constant-time comparison), so the timing does not say which
-    /// one matched. A header sent twice is refused.
+    /// ([`crate::translate::Wire::x_api_key`]: the messages format) also takes that, and Claude
+    /// Code sends both when both of its variables are set — e.g. a vendor key in
+    /// `ANTHROPIC_API_KEY` (as `x-api-key`) and the gateway key in `ANTHROPIC_AUTH_TOKEN` (as
+    /// `Bearer`): the request is accepted if either names an active key, the bearer token first,
+    /// and refused only if none does. Both candidates are always looked up (digest lookup,
+    /// constant-time comparison), so the timing does not say which one matched. A header sent twice
+    /// is refused.
     pub fn authenticate(
         &self,
         headers: &HeaderMap,

@@ -5,7 +5,7 @@
 //! time (streams). That is what makes them unit-testable against recorded upstream output,
 //! fuzzable, and fast.
 //!
-//! A client format is one folder behind one contract, [`Format`] (see [`format`]):
+//! A client format is one folder behind one contract, [`Format`] (see [`mod@format`]):
 //!
 //! - [`chat`]: chat-format requests → upstream (validation, defaults, clamping, model rewrite);
 //!   upstream responses and streams → chat format (slug splice, usage-chunk filtering).

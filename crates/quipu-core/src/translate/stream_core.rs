@@ -8,10 +8,10 @@
 //! - **metering** ([`Metered`]): the usage the upstream reported, else one token per
 //!   fragment relayed since, so a stream cut before its usage chunk still bills what was sent;
 //! - **the held finish** ([`Core::hold`]): OpenAI-style servers send usage in a chunk after the
-//!   finish, so what the finish writes waits for it, and is written by [`Core::complete`] when
-//!   it comes, or at the end of the stream with the usage known so far; an error that comes
-//!   *with* the finish is held the same way ([`Core::hold_error`]), so the tokens are metered
-//!   before it is written;
+//!   finish, so what the finish writes waits for it and is written
+//!   ([`StreamFormat::complete`]) when it comes, or at the end of the stream with the usage
+//!   known so far; an error that comes *with* the finish is held the same way
+//!   ([`Core::hold_error`]), so the tokens are metered before it is written;
 //! - **the end and the error**: the upstream's `[DONE]` or end of stream completes the held
 //!   finish, or fails a stream that never finished; a failure (a chunk the format refuses, a
 //!   broken upstream, [`StreamTranslator::on_failure`]) is scrubbed of the upstream's model name

@@ -11,8 +11,8 @@
 //! - [`conformance`]: an event-sequence validator and an SDK-style accumulator, for tests and
 //!   fuzz targets.
 //!
-//! [`Messages`] is the format's [`Format`]. What it shares with the other formats (raw JSON helpers, the request preamble, the finish
-//! table, tool-name shortening) is in [`super::common`].
+//! [`Messages`] is the format's [`Format`]. What it shares with the other formats (raw JSON
+//! helpers, the request preamble, the finish table, tool-name shortening) is in [`super::common`].
 //!
 //! Usage semantics (docs/design.md): `input_tokens = prompt − cached`, `cache_read_input_tokens =
 //! cached`, `cache_creation_input_tokens = 0`, `output_tokens = completion`.

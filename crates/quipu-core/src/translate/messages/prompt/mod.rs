@@ -29,8 +29,9 @@
 //!   messages count as one turn, as the vendor merges them).
 //! - `document` blocks with a plain-text source → text; other document sources are a 400.
 //!
-//! Text is copied as the client escaped it (see [`super::rawjson`]); nothing is decoded and
-//! re-encoded except tool names and tool inputs (compacted into the `arguments` string).
+//! Text is copied as the client escaped it (see [`crate::translate::common::rawjson`]); nothing is
+//! decoded and re-encoded except tool names and tool inputs (compacted into the `arguments`
+//! string).
 //!
 //! Layout: this file walks the prompt (system, then each message by role) and holds the
 //! shared readers; [`tools`] declares tools and shortens long names; [`user`] writes user
