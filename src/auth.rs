@@ -15,6 +15,7 @@ use crate::keys::{constant_time_eq, hash_secret};
 use crate::metrics::TenantMeters;
 use crate::ratelimit::{RateCounters, Subject, Windows};
 use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
+use crate::translate::wire;
 use arc_swap::ArcSwap;
 use http::HeaderMap;
 use std::collections::HashMap;
@@ -140,13 +141,14 @@ impl KeySnapshot {
 
     /// Authenticates a request's headers for an endpoint of `format`.
     ///
-    /// The chat format takes `Authorization: Bearer` only. The messages format also takes
-    /// `x-api-key`, and Claude Code sends both when both of its variables are set — e.g. a
-    /// vendor key in `ANTHROPIC_API_KEY` (as `x-api-key`) and the gateway key in
-    /// `ANTHROPIC_AUTH_TOKEN` (as `Bearer`): the request is accepted if either names an active
-    /// key, the bearer token first, and refused only if none does. Both candidates are always
-    /// looked up (digest lookup, constant-time comparison), so the timing does not say which
-    /// one matched. A header sent twice is refused.
+    /// Every format takes `Authorization: Bearer`. A format whose SDKs send `x-api-key`
+    /// ([`crate::translate::Wire::x_api_key`]: the messages format) also takes that, and Claude
+    /// Code sends both when both of its variables are set — e.g. a vendor key in
+    /// `ANTHROPIC_API_KEY` (as `x-api-key`) and the gateway key in `ANTHROPIC_AUTH_TOKEN` (as
+    /// `Bearer`): the request is accepted if either names an active key, the bearer token first,
+    /// and refused only if none does. Both candidates are always looked up (digest lookup,
+    /// constant-time comparison), so the timing does not say which one matched. A header sent twice
+    /// is refused.
     pub fn authenticate(
         &self,
         headers: &HeaderMap,
@@ -159,11 +161,8 @@ impl KeySnapshot {
             Bearer::Malformed => (None, true),
             Bearer::Repeated => return Err(deny("send one Authorization header, not several")),
         };
-        // Which formats' SDKs send `x-api-key`.
-        let reads_x_api_key = match format {
-            ClientFormat::Messages => true,
-            ClientFormat::Chat | ClientFormat::Responses => false,
-        };
+        // Whether the format's SDKs send `x-api-key`.
+        let reads_x_api_key = wire(format).x_api_key;
         let mut api_key: Option<&str> = None;
         if reads_x_api_key {
             let mut values = headers.get_all("x-api-key").iter();
@@ -179,15 +178,13 @@ impl KeySnapshot {
         if let Some(p) = by_bearer.or(by_api_key) {
             return Ok(p);
         }
-        Err(deny(match (bearer.is_some() || api_key.is_some(), format) {
+        Err(deny(match (bearer.is_some() || api_key.is_some(), reads_x_api_key) {
             (true, _) => "invalid or revoked API key",
-            (false, ClientFormat::Chat | ClientFormat::Responses) if malformed_bearer => {
+            (false, false) if malformed_bearer => {
                 "the Authorization header must be `Bearer <API key>`"
             }
-            (false, ClientFormat::Chat | ClientFormat::Responses) => {
-                "missing API key: send `Authorization: Bearer <API key>`"
-            }
-            (false, ClientFormat::Messages) => {
+            (false, false) => "missing API key: send `Authorization: Bearer <API key>`",
+            (false, true) => {
                 "missing API key: send `x-api-key: <API key>` or `Authorization: Bearer <API key>`"
             }
         }))

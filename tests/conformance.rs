@@ -18,6 +18,9 @@
 //! byte-identical output, usage, end state and error. Every output must also be a valid
 //! stream of its format (see [`valid_messages`], [`valid_chat`] and [`valid_responses`]).
 //!
+//! The formats come from [`ClientFormat`]'s variants, so a new format is replayed here (and
+//! fuzzed: [`every_format_has_its_fuzz_targets`]) or does not compile.
+//!
 //! `QUIPU_BLESS=1 cargo test --release --test conformance` rewrites the `.expected` files from
 //! the current output (review the diff before committing).
 
@@ -28,11 +31,12 @@
 )]
 
 use quipu::config::ReasoningField;
-use quipu::translate::chat::ChatStream;
-use quipu::translate::messages::prompt::shorten_tool_name;
-use quipu::translate::messages::{validate_event_sequence, MessagesStream};
-use quipu::translate::responses::{ResponsesContext, ResponsesStream, ToolName};
-use quipu::translate::{ResponseContext, StreamEnd, StreamTranslator};
+use quipu::error::ClientFormat;
+use quipu::translate::chat::{Chat, ChatContext};
+use quipu::translate::common::tool_names::shorten_tool_name;
+use quipu::translate::messages::{validate_event_sequence, Messages};
+use quipu::translate::responses::{Responses, ResponsesContext, ToolName};
+use quipu::translate::{Format as _, ResponseContext, StreamEnd, StreamTranslator};
 use quipu_core::testing::{replay, Replay};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -41,35 +45,54 @@ const LONG_TOOL: &str = "mcp__claude_ai_project_tracker__create_issue_with_label
 /// The model name the recorded upstreams report (never shown to a client).
 const UPSTREAM_MODEL: &str = "Qwen/Qwen3-VL-32B-Instruct";
 
-/// A client format: how to build its translator and what a valid output of it is.
+/// A client format as a fixture replays it: how to build its translator and what a valid
+/// output of it is.
 struct Format {
     name: &'static str,
     build: fn() -> Box<dyn StreamTranslator>,
     valid: fn(&Replay) -> Result<(), String>,
 }
 
-const FORMATS: [Format; 4] = [
-    Format {
-        name: "messages",
-        build: || Box::new(MessagesStream::new(messages_ctx())),
-        valid: valid_messages,
-    },
-    Format {
-        name: "chat",
-        build: || Box::new(ChatStream::new(chat_ctx(), false, ReasoningField::Both)),
-        valid: |r| valid_chat(r, false),
-    },
-    Format {
-        name: "chat-usage",
-        build: || Box::new(ChatStream::new(chat_ctx(), true, ReasoningField::Both)),
-        valid: |r| valid_chat(r, true),
-    },
-    Format {
-        name: "responses",
-        build: || Box::new(ResponsesStream::new(responses_ctx())),
-        valid: valid_responses,
-    },
-];
+/// The replayed formats: every variant of [`ClientFormat`] (a new one does not compile until
+/// it is listed here, and then fails until its `.expected` files exist), the chat format
+/// twice (with and without the client asking for usage).
+fn formats() -> Vec<Format> {
+    ClientFormat::all()
+        .flat_map(|format| match format {
+            ClientFormat::Messages => vec![Format {
+                name: "messages",
+                build: || Box::new(Messages::stream(messages_ctx())),
+                valid: valid_messages,
+            }],
+            ClientFormat::Chat => vec![
+                Format {
+                    name: "chat",
+                    build: || Box::new(Chat::stream(chat_options(false))),
+                    valid: |r| valid_chat(r, false),
+                },
+                Format {
+                    name: "chat-usage",
+                    build: || Box::new(Chat::stream(chat_options(true))),
+                    valid: |r| valid_chat(r, true),
+                },
+            ],
+            ClientFormat::Responses => vec![Format {
+                name: "responses",
+                build: || Box::new(Responses::stream(responses_ctx())),
+                valid: valid_responses,
+            }],
+        })
+        .collect()
+}
+
+/// The chat format as shipped: reasoning under both field names.
+fn chat_options(client_wants_usage: bool) -> ChatContext {
+    ChatContext {
+        base: chat_ctx(),
+        client_wants_usage,
+        reasoning: ReasoningField::Both,
+    }
+}
 
 fn responses_ctx() -> ResponsesContext {
     ResponsesContext {
@@ -250,8 +273,9 @@ fn assert_same(label: &str, got: &Replay, want: &Replay) {
 #[test]
 fn every_fixture_matches_its_expected_output_in_every_format() {
     let bless = std::env::var_os("QUIPU_BLESS").is_some();
+    let formats = formats();
     for (case, input) in cases() {
-        for format in &FORMATS {
+        for format in &formats {
             let label = format!("{}/{case}", format.name);
             let whole = run(format, &[&input]);
             if let Err(e) = (format.valid)(&whole) {
@@ -287,7 +311,7 @@ fn every_expected_file_has_its_fixture() {
         let Some(stem) = name.strip_suffix(".expected") else {
             continue;
         };
-        let known = FORMATS.iter().any(|f| {
+        let known = formats().iter().any(|f| {
             stem.strip_suffix(f.name)
                 .and_then(|c| c.strip_suffix('.'))
                 .is_some_and(|c| cases.iter().any(|k| k == c))
@@ -301,8 +325,9 @@ fn every_expected_file_has_its_fixture() {
 
 #[test]
 fn every_split_gives_identical_output() {
+    let formats = formats();
     for (case, input) in cases() {
-        for format in &FORMATS {
+        for format in &formats {
             let label = format!("{}/{case}", format.name);
             let whole = run(format, &[&input]);
             let n = input.len();
@@ -320,6 +345,40 @@ fn every_split_gives_identical_output() {
             }
             let bytes: Vec<&[u8]> = input.chunks(1).collect();
             assert_same(&format!("{label}/bytewise"), &run(format, &bytes), &whole);
+        }
+    }
+}
+
+/// Every format is fuzzed: for each variant of [`ClientFormat`], its request and stream
+/// targets (`fuzz/fuzz_targets/<format>_request.rs`, `<format>_stream.rs`) exist, run that
+/// variant's body (`quipu_fuzz::formats`, whose `match` on the variant does not compile
+/// without it), are declared in `fuzz/Cargo.toml` and have a seed folder.
+#[test]
+fn every_format_has_its_fuzz_targets() {
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap();
+    for format in ClientFormat::all() {
+        for kind in ["request", "stream"] {
+            let target = format!("{}_{kind}", format.as_str());
+            let path = fuzz.join("fuzz_targets").join(format!("{target}.rs"));
+            let code = std::fs::read_to_string(&path)
+                .unwrap_or_else(|_| panic!("{format:?}: no fuzz target {}", path.display()));
+            let variant = format!("ClientFormat::{format:?}");
+            let body = format!("quipu_fuzz::formats::{kind}({format:?}, data)");
+            assert!(
+                code.contains(&variant) && code.contains(&body),
+                "{}: does not run {body} for {variant}",
+                path.display()
+            );
+            let declared = format!("name = \"{target}\"\npath = \"fuzz_targets/{target}.rs\"");
+            assert!(
+                manifest.contains(&declared),
+                "fuzz/Cargo.toml: no [[bin]] {target}"
+            );
+            assert!(
+                fuzz.join("seeds").join(&target).is_dir(),
+                "no fuzz/seeds/{target}"
+            );
         }
     }
 }

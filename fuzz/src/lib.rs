@@ -1,6 +1,9 @@
 //! Shared pieces of the fuzz targets: a byte cursor, a structure-aware generator of upstream
-//! (vLLM/SGLang-shaped) chunk sequences with the equivalent non-streaming completion, and a
-//! JSON check that sees duplicate keys.
+//! (vLLM/SGLang-shaped) chunk sequences with the equivalent non-streaming completion, a JSON
+//! check that sees duplicate keys, and the client formats' fuzz bodies, written once
+//! ([`formats`]).
+
+pub mod formats;
 
 use serde_json::{json, Value};
 

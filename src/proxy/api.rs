@@ -12,7 +12,9 @@ use crate::billing::policy::{self, display::cost_text};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::metrics::m;
 use crate::route::ApiRoute;
-use crate::translate::{chat, messages, UpstreamRequest};
+use crate::translate::chat::Chat;
+use crate::translate::messages::Messages;
+use crate::translate::{wire, Format, UpstreamRequest};
 use pingora::protocols::http::ServerSession;
 
 /// Answers an API request.
@@ -64,8 +66,8 @@ async fn admit_and_relay(
         Some(ApiRoute::CountTokens) => {
             return Ok(count::count_tokens(gw, session, ctx, &body).await)
         }
-        Some(ApiRoute::Chat) => chat::chat_to_upstream(&body, &gw.config),
-        Some(ApiRoute::Messages) => messages::messages_to_upstream(&body, &gw.config),
+        Some(ApiRoute::Chat) => Chat::to_upstream(&body, &gw.config, &ctx.request_id),
+        Some(ApiRoute::Messages) => Messages::to_upstream(&body, &gw.config, &ctx.request_id),
         Some(ApiRoute::Responses) => responses::translate(gw, ctx, &body).await,
         Some(ApiRoute::Response | ApiRoute::ResponseInputItems) | None => {
             log::error!("route {} reached the API handler", ctx.route.as_str());
@@ -83,14 +85,11 @@ async fn admit_and_relay(
     Ok(reply)
 }
 
-/// The messages format's version headers: `anthropic-version` / `compat-version`, when sent,
-/// are one date like `2023-06-01`. The chat format has none.
+/// The format's version headers ([`crate::translate::Wire::version_headers`]: the messages
+/// format's `anthropic-version` / `compat-version`), when sent, are one date like
+/// `2023-06-01`.
 fn check_format_headers(session: &ServerSession, format: ClientFormat) -> Result<(), ApiError> {
-    let names: &[&str] = match format {
-        ClientFormat::Messages => &["compat-version", "anthropic-version"],
-        ClientFormat::Chat | ClientFormat::Responses => &[],
-    };
-    for &name in names {
+    for &name in wire(format).version_headers {
         let mut values = session.req_header().headers.get_all(name).iter();
         if let Some(v) = values.next() {
             let ok = v.to_str().is_ok_and(is_date) && values.next().is_none();

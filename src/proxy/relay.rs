@@ -19,11 +19,13 @@ use crate::h1::Method;
 use crate::http::client::{self, Call, UpstreamError, UpstreamResponse};
 use crate::http::deadline;
 use crate::metrics::m;
-use crate::translate::chat::{upstream_to_chat, ChatStream};
-use crate::translate::messages::{upstream_to_message, MessagesStream};
-use crate::translate::responses::{upstream_to_responses, ResponsesStream};
+use crate::translate::chat::{Chat, ChatContext};
+use crate::translate::messages::Messages;
+use crate::translate::responses::Responses;
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
-use crate::translate::{malformed_stream, ResponseContext, StreamTranslator, UpstreamRequest};
+use crate::translate::{
+    malformed_stream, Format, ResponseContext, StreamTranslator, UpstreamRequest,
+};
 use crate::upstream::{block_hashes, ReplicaGuard};
 use crate::usage::{usage_of_completion, Usage};
 use bytes::Bytes;
@@ -63,6 +65,16 @@ fn response_context(gw: &Gateway, ctx: &RequestCtx, req: UpstreamRequest) -> Res
         slug: model.slug.clone(),
         upstream_model: model.upstream_model.clone(),
         tool_name_map: req.tool_name_map,
+    }
+}
+
+/// What the chat format's answer is given: the client's usage wish, the configured reasoning
+/// field.
+fn chat_context(gw: &Gateway, base: ResponseContext, client_wants_usage: bool) -> ChatContext {
+    ChatContext {
+        base,
+        client_wants_usage,
+        reasoning: gw.config.streaming.chat_reasoning_field,
     }
 }
 
@@ -227,14 +239,10 @@ pub async fn completion(
     let rctx = response_context(gw, ctx, req);
     if streaming {
         let translator: Box<dyn StreamTranslator> = match ctx.format {
-            ClientFormat::Chat => Box::new(ChatStream::new(
-                rctx,
-                wants_usage,
-                gw.config.streaming.chat_reasoning_field,
-            )),
-            ClientFormat::Messages => Box::new(MessagesStream::new(rctx)),
+            ClientFormat::Chat => Box::new(Chat::stream(chat_context(gw, rctx, wants_usage))),
+            ClientFormat::Messages => Box::new(Messages::stream(rctx)),
             ClientFormat::Responses => match ctx.responses.as_ref() {
-                Some(turn) => Box::new(ResponsesStream::new(turn.context(rctx))),
+                Some(turn) => Box::new(Responses::stream(turn.context(rctx))),
                 None => return missing_turn(gw, resp),
             },
         };
@@ -269,13 +277,11 @@ pub async fn completion(
     };
     resp.finish(&gw.connector);
     let translated = match ctx.format {
-        ClientFormat::Chat => {
-            upstream_to_chat(&body, &rctx, gw.config.streaming.chat_reasoning_field)
-        }
-        ClientFormat::Messages => upstream_to_message(&body, &rctx),
+        ClientFormat::Chat => Chat::respond(&body, &chat_context(gw, rctx, wants_usage)),
+        ClientFormat::Messages => Messages::respond(&body, &rctx),
         ClientFormat::Responses => match ctx.responses.as_mut() {
             Some(turn) => {
-                let translated = upstream_to_responses(&body, &turn.context(rctx));
+                let translated = Responses::respond(&body, &turn.context(rctx));
                 if let (Ok((out, _)), true) = (&translated, turn.conversation.is_some()) {
                     turn.object = Some(out.clone());
                 }

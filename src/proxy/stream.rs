@@ -14,10 +14,11 @@
 //! committed `200`. Once the upstream has answered `200` it has committed to a stream, and
 //! pings keep the client's connection alive through a long prefill (coding agents give up on a
 //! silent connection); an upstream that fails after that ends the stream with an error frame.
+//! Only a format with a keep-alive event pings ([`StreamTranslator::pings`]).
 
 use super::relay::client_gone;
 use super::{respond, Failure, Gateway, Outcome, Reply, RequestCtx, Streamed};
-use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::error::{ApiError, ErrorKind};
 use crate::http::client::{Read, UpstreamError, UpstreamResponse};
 use crate::http::deadline;
 use crate::metrics::m;
@@ -37,15 +38,6 @@ const COALESCE_BYTES: usize = 16 * 1024;
 /// after `[DONE]`, usually in the same read or the next): a body read to its end lets the
 /// connection go back to the pool instead of a new connection per stream.
 const TAIL_WAIT: Duration = Duration::from_millis(50);
-
-/// Whether the format keeps a silent stream alive with `ping` events.
-fn pings(format: ClientFormat) -> bool {
-    match format {
-        ClientFormat::Messages => true,
-        // The Responses API has no ping event: a silent stream just waits.
-        ClientFormat::Chat | ClientFormat::Responses => false,
-    }
-}
 
 /// Relays a stream; see the module docs.
 pub async fn relay(
@@ -67,7 +59,7 @@ pub async fn relay(
     let mut out: Vec<u8> = Vec::with_capacity(1024);
     let mut committed = false;
     // Here the upstream's header has arrived with a 200: pings may start (module docs, *Pings*).
-    let pings = pings(ctx.format);
+    let pings = translator.pings();
     let ping_every = gw.config.streaming.ping_interval;
     let mut last_upstream = tokio::time::Instant::now();
     let mut next_ping = deadline(last_upstream, ping_every);

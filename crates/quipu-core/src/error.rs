@@ -32,8 +32,12 @@ use std::fmt;
 ///
 /// Code that treats formats differently `match`es on it exhaustively (never `==`), so a new
 /// format makes the compiler list every place that must decide what it does; tables indexed by
-/// format are sized by [`ClientFormat::COUNT`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::EnumCount, strum::IntoStaticStr)]
+/// format are sized by [`ClientFormat::COUNT`], and lists of formats (the conformance cases,
+/// the fuzz targets) come from [`ClientFormat::all`]. Each
+/// variant's translation is a folder of `translate/` behind `translate::Format`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, strum::EnumCount, strum::EnumIter, strum::IntoStaticStr,
+)]
 #[strum(serialize_all = "snake_case")]
 pub enum ClientFormat {
     /// OpenAI chat completions (`POST /v1/chat/completions`).
@@ -56,6 +60,12 @@ impl ClientFormat {
     /// Index into tables of [`ClientFormat::COUNT`] entries.
     pub fn index(self) -> usize {
         self as usize
+    }
+
+    /// Every format, in declaration order (`strum::IntoEnumIterator::iter`): what a list of
+    /// formats is built from.
+    pub fn all() -> ClientFormatIter {
+        <ClientFormat as strum::IntoEnumIterator>::iter()
     }
 }
 

@@ -5,6 +5,8 @@
 //! time (streams). That is what makes them unit-testable against recorded upstream output,
 //! fuzzable, and fast.
 //!
+//! A client format is one folder behind one contract, [`Format`] (see [`mod@format`]):
+//!
 //! - [`chat`]: chat-format requests → upstream (validation, defaults, clamping, model rewrite);
 //!   upstream responses and streams → chat format (slug splice, usage-chunk filtering).
 //! - [`messages`]: messages-format requests → upstream; upstream responses and streams →
@@ -16,8 +18,13 @@
 //!   prefill, stream options).
 //! - [`upstream_error`]: upstream error bodies → client errors.
 //! - [`json_scan`]: an incremental JSON syntax check for streamed tool arguments.
+//! - [`common`]: what the formats share on the way in and out (raw JSON, the request
+//!   preamble, images, tool names, the finish table); a format folder imports from here,
+//!   never from another format.
+//! - [`stream_core`]: the one stream lifecycle (metering, the held finish, end and error,
+//!   pings) every format's stream translator runs; a format writes only its frames.
 //! - [`chunk_parts`]: what the messages and Responses streams do alike with an upstream chunk
-//!   (which parts reach the format's writer, metering before usage, the held finish).
+//!   (which parts reach the format's writer, in which order, counted how).
 //! - [`tool_calls`]: the upstream's streamed tool calls, tracked for the messages and Responses
 //!   stream translators (which call a fragment belongs to, held fragments, start order).
 //! - [`image_url`]: which image URLs may be forwarded to the upstream (SSRF guard).
@@ -26,20 +33,35 @@
 pub mod base64;
 pub mod chat;
 pub mod chunk_parts;
+pub mod common;
+pub mod format;
 pub mod image_url;
 pub mod json_scan;
 pub mod messages;
 pub mod responses;
 pub mod splice;
+pub mod stream_core;
+#[cfg(test)]
+mod test_support;
 pub mod tool_calls;
 pub mod upstream_body;
 pub mod upstream_error;
 
+pub use format::{Format, Wire};
+pub use stream_core::{feed_stream, finish_stream, StreamEnd, StreamTranslator};
+
 use crate::billing::PromptSize;
 use crate::config::ModelId;
-use crate::error::{ApiError, ErrorKind};
-use crate::sse::{SseDecoder, SseError};
-use crate::usage::Usage;
+use crate::error::{ApiError, ClientFormat, ErrorKind};
+
+/// The facts of `format` ([`Format::WIRE`]): where a variant meets its folder.
+pub fn wire(format: ClientFormat) -> &'static Wire {
+    match format {
+        ClientFormat::Chat => &<chat::Chat as Format>::WIRE,
+        ClientFormat::Messages => &<messages::Messages as Format>::WIRE,
+        ClientFormat::Responses => &<responses::Responses as Format>::WIRE,
+    }
+}
 
 /// Requests above this many tokens of `max_tokens` are clamped to it (spec: default and max).
 pub const MAX_OUTPUT_TOKENS: u32 = 8192;
@@ -105,97 +127,6 @@ pub struct ResponseContext {
     pub tool_name_map: Vec<(String, String)>,
 }
 
-/// Why a stream ended, for logs and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StreamEnd {
-    /// Still running.
-    #[default]
-    Open,
-    /// The upstream finished and the client got a complete stream.
-    Complete,
-    /// The upstream failed; the client got an error frame.
-    Failed,
-}
-
-/// A streaming translator: upstream SSE payloads in, client bytes out.
-///
-/// The proxy decodes SSE (see [`crate::sse`]) and calls [`on_event`](Self::on_event) with each
-/// event's data — including the literal `[DONE]`, which the translator interprets. Output is
-/// appended to `out`, which the proxy writes to the client as is and clears.
-pub trait StreamTranslator: Send {
-    /// One upstream `data:` payload.
-    fn on_event(&mut self, data: &[u8], out: &mut Vec<u8>);
-    /// The upstream stream ended (clean EOF). Emits whatever closing frames are still owed;
-    /// a stream that ended without a finish reason is reported to the client as an error.
-    fn on_end(&mut self, out: &mut Vec<u8>);
-    /// The upstream failed mid-stream (reset, idle timeout, malformed bytes).
-    fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>);
-    /// The upstream has been silent for a ping interval (a long prefill).
-    fn on_idle(&mut self, out: &mut Vec<u8>);
-    /// Tokens metered so far: the last usage the upstream reported, else counted from the
-    /// relayed deltas.
-    fn usage(&self) -> Usage;
-    /// `Open` until a final frame has been written.
-    fn end(&self) -> StreamEnd;
-    /// The client-format error the stream ended with, if it failed.
-    fn error(&self) -> Option<&ApiError>;
-    /// The finished response object, once, for a format whose responses the gateway stores
-    /// (the Responses API, when the request asked to store it); `None` for the others and
-    /// while the stream is open.
-    fn take_object(&mut self) -> Option<Vec<u8>> {
-        None
-    }
-}
-
-/// Feeds raw upstream bytes through an SSE decoder into a translator.
-///
-/// A framing error (an event over the size cap) ends the stream with an error frame: the
-/// upstream is broken, and the client must not see a silently truncated success.
-pub fn feed_stream(
-    decoder: &mut SseDecoder,
-    translator: &mut dyn StreamTranslator,
-    bytes: &[u8],
-    out: &mut Vec<u8>,
-) {
-    if translator.end() != StreamEnd::Open {
-        return;
-    }
-    let result = decoder.feed::<SseError, _>(bytes, |event| {
-        if translator.end() == StreamEnd::Open {
-            translator.on_event(event.data, out);
-        }
-        Ok(())
-    });
-    if let Err(e) = result {
-        translator.on_failure(&malformed_stream(&e.to_string()), out);
-    }
-}
-
-/// Ends a stream whose upstream closed cleanly: flushes a pending event, then `on_end`.
-pub fn finish_stream(
-    decoder: &mut SseDecoder,
-    translator: &mut dyn StreamTranslator,
-    out: &mut Vec<u8>,
-) {
-    if translator.end() != StreamEnd::Open {
-        return;
-    }
-    let result = decoder.finish::<SseError, _>(|event| {
-        if translator.end() == StreamEnd::Open {
-            translator.on_event(event.data, out);
-        }
-        Ok(())
-    });
-    match result {
-        Err(e) => translator.on_failure(&malformed_stream(&e.to_string()), out),
-        Ok(()) => {
-            if translator.end() == StreamEnd::Open {
-                translator.on_end(out);
-            }
-        }
-    }
-}
-
 /// `error` as a client may see it. Translator errors quote no upstream text of their own (see
 /// [`json_failure`]); this is the one net, at each translator's boundary, for what they still
 /// relay (an upstream error message, a short finish reason): the upstream's model name
@@ -230,4 +161,38 @@ pub fn malformed_stream(detail: &str) -> ApiError {
         ErrorKind::Upstream,
         format!("the model server sent a malformed stream ({detail})"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::stream_core::StreamFormat;
+
+    /// What a format's types say their variant is.
+    fn variants<F: Format>() -> [ClientFormat; 2] {
+        [F::FORMAT, <F::Writer as StreamFormat>::FORMAT]
+    }
+
+    #[test]
+    fn every_variant_is_its_folders_format() {
+        for format in ClientFormat::all() {
+            let (said, wire_of) = match format {
+                ClientFormat::Chat => (variants::<chat::Chat>(), &chat::Chat::WIRE),
+                ClientFormat::Messages => {
+                    (variants::<messages::Messages>(), &messages::Messages::WIRE)
+                }
+                ClientFormat::Responses => (
+                    variants::<responses::Responses>(),
+                    &responses::Responses::WIRE,
+                ),
+            };
+            assert_eq!(said, [format; 2], "{format:?}");
+            assert_eq!(wire(format).x_api_key, wire_of.x_api_key, "{format:?}");
+            assert_eq!(
+                wire(format).version_headers,
+                wire_of.version_headers,
+                "{format:?}"
+            );
+        }
+    }
 }

@@ -29,12 +29,57 @@
 //! }
 //! ```
 //!
-//! and at the finish starts every call still waiting ([`ToolCalls::next_waiting`]).
+//! and at the finish starts every call still waiting ([`ToolCalls::next_waiting`]). A format
+//! writes that loop by implementing [`CallBlocks`] (how it writes arguments and a call's
+//! start) and calling [`CallBlocks::call_delta`] and [`CallBlocks::start_waiting`].
 
 use crate::error::{ApiError, ErrorKind};
 use crate::protocol::upstream::ToolCallDelta;
+use crate::translate::common::finish::malformed_tool_arguments;
 use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
-use crate::translate::messages::response::malformed_tool_arguments;
+
+/// What a stream translator writes of the calls it shows as blocks; the driving (the loop in
+/// the module docs) is written once, in the provided methods.
+pub trait CallBlocks {
+    /// The error for arguments of a call whose block had to be closed early, in the format's
+    /// words.
+    const CLOSED_EARLY: &'static str;
+    fn calls(&mut self) -> &mut ToolCalls;
+    /// The slot of the call whose block is open, if a call's is.
+    fn open_call(&self) -> Option<usize>;
+    /// Writes `text` as arguments of the open call.
+    fn arguments(&mut self, text: &str, out: &mut Vec<u8>);
+    /// Closes the open block, [`ToolCalls::start`]s call `slot`, and writes its start and the
+    /// arguments held for it.
+    fn start_call(&mut self, slot: usize, out: &mut Vec<u8>);
+
+    /// One entry of `delta.tool_calls`.
+    fn call_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
+        let mut step = self
+            .calls()
+            .delta(tc)
+            .map_err(|e| e.into_api_error(Self::CLOSED_EARLY))?;
+        loop {
+            let open = self.open_call();
+            let Some(action) = step.next(self.calls(), open) else {
+                break;
+            };
+            match action {
+                Action::Arguments { text, .. } => self.arguments(text, out),
+                Action::Start(slot) => self.start_call(slot, out),
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts (and so flushes) the calls still waiting — for a name, or for the open call to
+    /// complete: the generation is over.
+    fn start_waiting(&mut self, out: &mut Vec<u8>) {
+        while let Some(slot) = self.calls().next_waiting() {
+            self.start_call(slot, out);
+        }
+    }
+}
 
 /// Most bytes of tool arguments held back for calls waiting for their block. A response is at
 /// most 8192 tokens, so real interleaved calls stay far below it.

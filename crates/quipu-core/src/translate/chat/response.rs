@@ -13,12 +13,10 @@
 //! - an upstream `{"error":…}` object is re-rendered in the chat error shape (string `code`,
 //!   OpenAI `type`) and followed by `data: [DONE]`.
 
-use super::super::chunk_parts::Metered;
 use super::super::splice::{key_range, member_range, range_of, Splice};
+use super::super::stream_core::{Core, Stream, StreamFormat};
 use super::super::upstream_error::{map_upstream_error, UpstreamFailure};
-use super::super::{
-    json_failure, malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
-};
+use super::super::{json_failure, malformed_stream, scrub_error, ResponseContext};
 use crate::config::ReasoningField;
 use crate::error::{write_json_str, ApiError, ClientFormat};
 use crate::sse::{write_data_frame, DONE_FRAME};
@@ -338,47 +336,80 @@ fn upstream_error_object(error_obj: &[u8], ctx: &ResponseContext) -> ApiError {
     )
 }
 
-/// The chat-format stream translator (see the module docs).
-pub struct ChatStream {
-    ctx: ResponseContext,
-    client_wants_usage: bool,
-    reasoning: ReasoningField,
-    slug_json: Vec<u8>,
-    splice: Splice,
-    scratch: Vec<u8>,
-    /// Usage reported, and non-empty content / reasoning / argument fragments relayed since:
-    /// the fallback count of tokens the upstream has not reported.
-    metered: Metered,
-    saw_finish: bool,
-    end: StreamEnd,
-    error: Option<ApiError>,
-}
+/// The chat-format stream translator (see the module docs): [`ChatWriter`] run by the stream
+/// core.
+pub type ChatStream = Stream<ChatWriter>;
 
 impl ChatStream {
     pub fn new(ctx: ResponseContext, client_wants_usage: bool, reasoning: ReasoningField) -> Self {
         let slug_json = slug_json(&ctx.slug);
-        ChatStream {
+        Stream::with(ChatWriter {
             ctx,
             client_wants_usage,
             reasoning,
             slug_json,
             splice: Splice::default(),
             scratch: Vec::new(),
-            metered: Metered::default(),
-            saw_finish: false,
-            end: StreamEnd::Open,
-            error: None,
+        })
+    }
+}
+
+/// What the chat format writes of a stream: the upstream's chunks, spliced. The finish it
+/// holds is only that one was seen (`[DONE]` is owed at the end); usage is metered from the
+/// upstream's reports, else one token per non-empty content, reasoning or argument fragment
+/// relayed.
+pub struct ChatWriter {
+    ctx: ResponseContext,
+    client_wants_usage: bool,
+    reasoning: ReasoningField,
+    slug_json: Vec<u8>,
+    splice: Splice,
+    scratch: Vec<u8>,
+}
+
+impl StreamFormat for ChatWriter {
+    type Held = ();
+    const FORMAT: ClientFormat = ClientFormat::Chat;
+    const PINGS: bool = false;
+
+    fn context(&self) -> &ResponseContext {
+        &self.ctx
+    }
+
+    /// The upstream's `[DONE]` is relayed ([`Self::chunk`]), not taken as the end.
+    fn is_end(_data: &[u8]) -> bool {
+        false
+    }
+
+    fn chunk(
+        &mut self,
+        core: &mut Core<()>,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ApiError> {
+        if data == b"[DONE]" {
+            // Relayed as the upstream's verdict, with or without a finish before it.
+            out.extend_from_slice(DONE_FRAME);
+            core.completed();
+            return Ok(());
         }
+        self.relay(core, data, out)
     }
 
-    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
-        let error = scrub_error(error, &self.ctx);
-        error.write_sse(ClientFormat::Chat, &self.ctx.request_id, out);
-        self.error = Some(error);
-        self.end = StreamEnd::Failed;
+    /// Some servers close without `[DONE]` after the final chunk: complete it.
+    fn complete(&mut self, _held: (), _usage: Usage, out: &mut Vec<u8>) {
+        out.extend_from_slice(DONE_FRAME);
     }
+}
 
-    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
+impl ChatWriter {
+    /// One chunk, relayed spliced (see the module docs).
+    fn relay(
+        &mut self,
+        core: &mut Core<()>,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ApiError> {
         let spans = parse_relayed(data, "a chunk")?;
         if let Some(err) = spans.error {
             return Err(upstream_error_object(err.get().as_bytes(), &self.ctx));
@@ -389,7 +420,7 @@ impl ChatStream {
         if choices.is_empty() {
             // The usage-only chunk (or an empty keep-alive chunk).
             if let Some(u) = chunk_usage {
-                self.metered.report(u);
+                core.metered.report(u);
             }
             if !self.client_wants_usage {
                 return Ok(());
@@ -432,12 +463,12 @@ impl ChatStream {
                 reasoning_edits(data, d, self.reasoning, &mut self.splice);
             }
             if c.finish_reason.is_some() {
-                self.saw_finish = true;
+                core.hold(());
             }
         }
         match chunk_usage {
-            Some(u) => self.metered.report(u),
-            None => self.metered.count(fragments),
+            Some(u) => core.metered.report(u),
+            None => core.metered.count(fragments),
         }
         self.scratch.clear();
         self.splice.apply(data, &mut self.scratch);
@@ -453,57 +484,5 @@ impl ChatStream {
         }
         write_data_frame(out, &self.scratch);
         Ok(())
-    }
-}
-
-impl StreamTranslator for ChatStream {
-    fn on_event(&mut self, data: &[u8], out: &mut Vec<u8>) {
-        if self.end != StreamEnd::Open {
-            return;
-        }
-        if data == b"[DONE]" {
-            out.extend_from_slice(DONE_FRAME);
-            self.end = StreamEnd::Complete;
-            return;
-        }
-        if let Err(e) = self.translate(data, out) {
-            self.fail(e, out);
-        }
-    }
-
-    fn on_end(&mut self, out: &mut Vec<u8>) {
-        if self.end != StreamEnd::Open {
-            return;
-        }
-        if self.saw_finish {
-            // Some servers close without `[DONE]` after the final chunk: complete it.
-            out.extend_from_slice(DONE_FRAME);
-            self.end = StreamEnd::Complete;
-        } else {
-            self.fail(
-                malformed_stream("the stream ended before the model finished"),
-                out,
-            );
-        }
-    }
-
-    fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>) {
-        if self.end == StreamEnd::Open {
-            self.fail(error.clone(), out);
-        }
-    }
-
-    fn on_idle(&mut self, _out: &mut Vec<u8>) {}
-
-    fn usage(&self) -> Usage {
-        self.metered.usage()
-    }
-
-    fn end(&self) -> StreamEnd {
-        self.end
-    }
-
-    fn error(&self) -> Option<&ApiError> {
-        self.error.as_ref()
     }
 }

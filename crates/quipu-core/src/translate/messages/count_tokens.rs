@@ -13,9 +13,10 @@
 //! that server counts it.
 
 use super::prompt::{write_prompt, PromptIn};
-use super::request::{parse_request, resolve_model, write_thinking};
+use super::request::{parse_request, write_thinking};
 use crate::config::{Config, ModelId};
 use crate::error::ApiError;
+use crate::translate::common::request::resolve_model;
 use crate::translate::upstream_body::{self, Endpoint};
 
 /// Validates a count-tokens request; returns the model and the upstream `/tokenize` body.
@@ -24,7 +25,7 @@ pub fn count_tokens_to_upstream(
     config: &Config,
 ) -> Result<(ModelId, Vec<u8>), ApiError> {
     let req = parse_request(body)?;
-    let (model_name, model) = resolve_model(&req, config)?;
+    let (model_name, model) = resolve_model(req.model, config)?;
     let mut out = Vec::with_capacity(body.len() + 128);
     upstream_body::open(&mut out, model);
     out.push(b',');

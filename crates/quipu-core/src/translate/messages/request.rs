@@ -17,34 +17,29 @@
 //! message with text — on a model whose `prefill` switch is on: vLLM's defaults would start a
 //! new turn after it), `stream`, `stream_options`. Equal requests give equal bytes.
 
-use super::prompt::{invalid, parse_object, write_prompt, Items, PromptIn, ToolNames};
-use super::rawjson::{self, is_array, is_string};
+use super::prompt::{parse_object, write_prompt, Items, PromptIn, ToolNames};
 use crate::config::{Config, Model};
-use crate::error::{write_json_str, ApiError, ErrorKind};
+use crate::error::{write_json_str, ApiError};
 use crate::protocol::anthropic::{
     AnthropicMessage, AnthropicMetadata, AnthropicRequest, AnthropicRequestTyped,
     AnthropicThinking, AnthropicTool, AnthropicToolChoice,
 };
+use crate::translate::common::rawjson::{self, is_array, is_string};
+use crate::translate::common::request::{
+    body_error, bool_field, invalid, max_tokens_field, object_text, resolve_model, write_sampling,
+};
 use crate::translate::upstream_body::{self, Endpoint};
-use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
+use crate::translate::{UpstreamRequest, MAX_OUTPUT_TOKENS};
 use serde_json::value::RawValue;
-use std::borrow::Cow;
 
 /// Validates a messages-format request and writes its upstream form.
 pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequest, ApiError> {
     let req = parse_request(body)?;
-    let (model_name, model) = resolve_model(&req, config)?;
+    let (model_name, model) = resolve_model(req.model, config)?;
 
-    let stream = match req.stream {
-        None => false,
-        Some(r) => match r.get() {
-            "true" => true,
-            "false" => false,
-            _ => return Err(invalid("stream".into(), "must be true or false")),
-        },
-    };
+    let stream = bool_field(req.stream, "stream")?.unwrap_or(false);
     let max_tokens = match req.max_tokens {
-        Some(raw) => max_tokens_field(raw)?,
+        Some(raw) => max_tokens_field(raw, "max_tokens")?,
         None => MAX_OUTPUT_TOKENS,
     };
 
@@ -63,25 +58,11 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
         &mut out,
     )?;
 
-    out.extend_from_slice(b",\"max_tokens\":");
-    out.extend_from_slice(max_tokens.to_string().as_bytes());
-    out.extend_from_slice(b",\"temperature\":");
-    match req.temperature {
-        Some(raw) => {
-            number_in(raw, "temperature", 0.0, 1.0, true)?;
-            out.extend_from_slice(raw.get().as_bytes());
-        }
-        None => out.extend_from_slice(DEFAULT_TEMPERATURE.to_string().as_bytes()),
-    }
-    if let Some(raw) = req.top_p {
-        number_in(raw, "top_p", 0.0, 1.0, false)?;
-        out.extend_from_slice(b",\"top_p\":");
-        out.extend_from_slice(raw.get().as_bytes());
-    }
+    write_sampling(&mut out, max_tokens, req.temperature, 1.0, req.top_p)?;
     if let Some(raw) = req.top_k {
         let ok = serde_json::from_str::<u64>(raw.get()).is_ok();
         if !ok {
-            return Err(invalid("top_k".into(), "must be an integer of at least 0"));
+            return Err(invalid("top_k", "must be an integer of at least 0"));
         }
         out.extend_from_slice(b",\"top_k\":");
         out.extend_from_slice(raw.get().as_bytes());
@@ -100,7 +81,7 @@ pub fn messages_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequ
         )?;
         if let Some(user) = meta.user_id {
             if !is_string(user) {
-                return Err(invalid("metadata.user_id".into(), "must be a string"));
+                return Err(invalid("metadata.user_id", "must be a string"));
             }
             out.extend_from_slice(b",\"user\":");
             out.extend_from_slice(user.get().as_bytes());
@@ -159,21 +140,7 @@ fn raw_items<'a, T>(raw: Option<&'a RawValue>) -> Items<'a, T> {
 /// One pass reads the body with `messages` and `tools` parsed as it goes. If that fails, the
 /// body is read again with every field raw, so that validation can name the exact field.
 pub(super) fn parse_request(body: &[u8]) -> Result<Request<'_>, ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|e| ApiError::invalid_body(format!("the request body is not valid UTF-8: {e}")))?;
-    match text.bytes().find(|b| !b.is_ascii_whitespace()) {
-        None => {
-            return Err(ApiError::invalid_body(
-                "the request body is empty; send a JSON object",
-            ))
-        }
-        Some(b'{') => {}
-        Some(_) => {
-            return Err(ApiError::invalid_body(
-                "the request body must be a JSON object",
-            ))
-        }
-    }
+    let text = object_text(body)?;
     if let Ok(r) = serde_json::from_str::<AnthropicRequestTyped<'_>>(text) {
         return Ok(Request {
             model: r.model,
@@ -191,16 +158,8 @@ pub(super) fn parse_request(body: &[u8]) -> Result<Request<'_>, ApiError> {
             thinking: r.thinking,
         });
     }
-    let r: AnthropicRequest<'_> = serde_json::from_str(text).map_err(|e| {
-        let msg = if e.to_string().contains("recursion limit") {
-            "the request body is nested too deeply".to_owned()
-        } else if e.is_syntax() || e.is_eof() {
-            format!("the request body is not valid JSON: {e}")
-        } else {
-            format!("the request body is not a valid messages request: {e}")
-        };
-        ApiError::invalid_body(msg)
-    })?;
+    let r: AnthropicRequest<'_> =
+        serde_json::from_str(text).map_err(|e| body_error(&e, "messages"))?;
     Ok(Request {
         model: r.model,
         messages: raw_items(r.messages),
@@ -218,70 +177,9 @@ pub(super) fn parse_request(body: &[u8]) -> Result<Request<'_>, ApiError> {
     })
 }
 
-/// `model`: required; a slug or an alias of one.
-pub(super) fn resolve_model<'a, 'c>(
-    req: &Request<'a>,
-    config: &'c Config,
-) -> Result<(Cow<'a, str>, &'c Model), ApiError> {
-    let raw = req
-        .model
-        .ok_or_else(|| invalid("model".into(), "is required"))?;
-    let name = rawjson::decode(raw).ok_or_else(|| invalid("model".into(), "must be a string"))?;
-    let model = config.resolve_model(&name).ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::ModelNotFound,
-            format!(
-                "model `{name}` does not exist; valid models are {}",
-                config.slug_list()
-            ),
-        )
-    })?;
-    Ok((name, model))
-}
-
-/// `max_tokens`: an integer ≥ 1; larger than the maximum is clamped to it.
-fn max_tokens_field(raw: &RawValue) -> Result<u32, ApiError> {
-    let bad = || invalid("max_tokens".into(), "must be an integer of at least 1");
-    let v: serde_json::Number = serde_json::from_str(raw.get()).map_err(|_| bad())?;
-    let n = match (v.as_u64(), v.as_i64(), v.as_f64()) {
-        (Some(n), _, _) => n,
-        (None, Some(_), _) => 0,
-        // An integer too large for u64 (serde reads it as a float).
-        (None, None, Some(f)) if !raw.get().contains(['.', 'e', 'E']) && f >= 1.0 => u64::MAX,
-        _ => return Err(bad()),
-    };
-    if n == 0 {
-        return Err(bad());
-    }
-    Ok(u32::try_from(n.min(u64::from(MAX_OUTPUT_TOKENS))).unwrap_or(MAX_OUTPUT_TOKENS))
-}
-
-/// A finite number in `[min, max]` (`(min, max]` unless `min_inclusive`).
-fn number_in(
-    raw: &RawValue,
-    param: &str,
-    min: f64,
-    max: f64,
-    min_inclusive: bool,
-) -> Result<f64, ApiError> {
-    let range = if min_inclusive {
-        format!("between {min} and {max}")
-    } else {
-        format!("above {min} and at most {max}")
-    };
-    let bad = || invalid(param.into(), format!("must be a number {range}"));
-    let v: serde_json::Number = serde_json::from_str(raw.get()).map_err(|_| bad())?;
-    let f = v.as_f64().filter(|f| f.is_finite()).ok_or_else(bad)?;
-    let above_min = if min_inclusive { f >= min } else { f > min };
-    if !above_min || f > max {
-        return Err(bad());
-    }
-    Ok(f)
-}
-
 /// `stop_sequences` → `stop` (omitted when empty).
 fn write_stop(raw: &RawValue, out: &mut Vec<u8>) -> Result<(), ApiError> {
-    let bad = || invalid("stop_sequences".into(), "must be an array of strings");
+    let bad = || invalid("stop_sequences", "must be an array of strings");
     if !is_array(raw) {
         return Err(bad());
     }
@@ -318,13 +216,13 @@ fn write_tool_choice(
     let kind = tc
         .kind
         .filter(|k| is_string(k))
-        .ok_or_else(|| invalid("tool_choice.type".into(), "must be a string"))?;
+        .ok_or_else(|| invalid("tool_choice.type", "must be a string"))?;
     let disable_parallel = match tc.disable_parallel_tool_use.map(RawValue::get) {
         None | Some("false") => false,
         Some("true") => true,
         Some(_) => {
             return Err(invalid(
-                "tool_choice.disable_parallel_tool_use".into(),
+                "tool_choice.disable_parallel_tool_use",
                 "must be true or false",
             ))
         }
@@ -337,7 +235,7 @@ fn write_tool_choice(
         "none" => out.extend_from_slice(b",\"tool_choice\":\"none\""),
         "any" | "tool" if !has_tools => {
             return Err(invalid(
-                "tool_choice.type".into(),
+                "tool_choice.type",
                 format!("\"{kind_s}\" requires `tools`"),
             ))
         }
@@ -346,11 +244,11 @@ fn write_tool_choice(
             let name_raw = tc
                 .name
                 .filter(|n| is_string(n))
-                .ok_or_else(|| invalid("tool_choice.name".into(), "must be a tool name"))?;
+                .ok_or_else(|| invalid("tool_choice.name", "must be a tool name"))?;
             let name = rawjson::decode(name_raw).unwrap_or_default();
             let upstream = names.declared_upstream(&name).ok_or_else(|| {
                 invalid(
-                    "tool_choice.name".into(),
+                    "tool_choice.name",
                     format!("names `{name}`, which is not in `tools`"),
                 )
             })?;
@@ -362,7 +260,7 @@ fn write_tool_choice(
         }
         other => {
             return Err(invalid(
-                "tool_choice.type".into(),
+                "tool_choice.type",
                 format!("must be auto, any, tool or none, got \"{other}\""),
             ))
         }
@@ -388,11 +286,11 @@ pub(super) fn write_thinking(
     let kind = t
         .kind
         .filter(|k| is_string(k))
-        .ok_or_else(|| invalid("thinking.type".into(), "must be a string"))?;
+        .ok_or_else(|| invalid("thinking.type", "must be a string"))?;
     if let Some(b) = t.budget_tokens {
         if serde_json::from_str::<u64>(b.get()).is_err() {
             return Err(invalid(
-                "thinking.budget_tokens".into(),
+                "thinking.budget_tokens",
                 "must be a non-negative integer",
             ));
         }

@@ -49,24 +49,24 @@
 //!    usage chunk that follows is read first, so the tokens are metered, then the error is
 //!    written.
 //!
-//! [`on_failure`]: StreamTranslator::on_failure
+//! Points 5 and 6 (the held finish, the end, the error, metering) are the stream core's
+//! ([`crate::translate::stream_core`]); this module writes the events.
+//!
+//! [`on_failure`]: crate::translate::StreamTranslator::on_failure
 //! [`ObjectScanner`]: crate::translate::json_scan::ObjectScanner
 
-use super::response::{
-    client_tool_name, incomplete_tool_arguments, minted_tool_id, stop_reason, upstream_error,
-    StopReason,
-};
+use super::response::{client_tool_name, minted_tool_id};
 use crate::error::{ApiError, ClientFormat};
 use crate::protocol::anthropic_out::{
     BlockDelta, BlockStart, EmptyObject, MessageDelta, MessageId, MessageKind, MessageStart, Role,
     StreamEvent, UsageOut,
 };
-use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
-use crate::translate::chunk_parts::{self, ChunkParts, Metered};
-use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
-use crate::translate::{
-    json_failure, malformed_stream, scrub_error, ResponseContext, StreamEnd, StreamTranslator,
-};
+use crate::protocol::upstream::ChunkChoice;
+use crate::translate::chunk_parts::{self, ChunkParts};
+use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
+use crate::translate::stream_core::{Core, Stream, StreamFormat};
+use crate::translate::tool_calls::{CallBlocks, ToolCalls, Whitespace};
+use crate::translate::ResponseContext;
 use crate::usage::Usage;
 
 /// The block currently open.
@@ -86,13 +86,30 @@ const CLOSED_EARLY: &str = "the model server sent tool-call arguments after the 
 
 /// What `message_delta` will say once usage is known.
 #[derive(Debug)]
-struct Held {
+pub struct Held {
     stop: StopReason,
     stop_sequence: Option<String>,
 }
 
-/// The messages-format stream translator (see the module docs).
-pub struct MessagesStream {
+/// The messages-format stream translator (see the module docs): [`MessagesWriter`] run by
+/// the stream core.
+pub type MessagesStream = Stream<MessagesWriter>;
+
+impl MessagesStream {
+    pub fn new(ctx: ResponseContext) -> Self {
+        Stream::with(MessagesWriter {
+            ctx,
+            started: false,
+            open: Open::None,
+            open_index: 0,
+            next_index: 0,
+            calls: ToolCalls::new(Whitespace::SkipBlankLead),
+        })
+    }
+}
+
+/// What the messages format writes of a stream: its events, its blocks.
+pub struct MessagesWriter {
     ctx: ResponseContext,
     started: bool,
     open: Open,
@@ -100,29 +117,9 @@ pub struct MessagesStream {
     open_index: u32,
     next_index: u32,
     calls: ToolCalls,
-    held: Option<Held>,
-    /// Usage, and an error that came with the finish (module docs, 6).
-    metered: Metered,
-    end: StreamEnd,
-    error: Option<ApiError>,
 }
 
-impl MessagesStream {
-    pub fn new(ctx: ResponseContext) -> Self {
-        MessagesStream {
-            ctx,
-            started: false,
-            open: Open::None,
-            open_index: 0,
-            next_index: 0,
-            calls: ToolCalls::new(Whitespace::SkipBlankLead),
-            held: None,
-            metered: Metered::default(),
-            end: StreamEnd::Open,
-            error: None,
-        }
-    }
-
+impl MessagesWriter {
     /// Writes `message_start` once, with the usage the upstream has reported so far (vLLM's
     /// continuous usage stats put the prompt's count on the first chunk), else zeros.
     fn ensure_started(&mut self, out: &mut Vec<u8>, usage: Option<&Usage>) {
@@ -187,8 +184,24 @@ impl MessagesStream {
         }
         .write(out);
     }
+}
 
-    fn input_json(&self, fragment: &str, out: &mut Vec<u8>) {
+impl CallBlocks for MessagesWriter {
+    const CLOSED_EARLY: &'static str = CLOSED_EARLY;
+
+    fn calls(&mut self) -> &mut ToolCalls {
+        &mut self.calls
+    }
+
+    fn open_call(&self) -> Option<usize> {
+        match self.open {
+            Open::Tool(slot) => Some(slot),
+            _ => None,
+        }
+    }
+
+    /// An `input_json_delta` of the open block.
+    fn arguments(&mut self, fragment: &str, out: &mut Vec<u8>) {
         self.delta(
             BlockDelta::InputJsonDelta {
                 partial_json: fragment,
@@ -197,16 +210,8 @@ impl MessagesStream {
         );
     }
 
-    /// The slot of the call whose block is open.
-    fn open_call(&self) -> Option<usize> {
-        match self.open {
-            Open::Tool(slot) => Some(slot),
-            _ => None,
-        }
-    }
-
     /// Opens call `slot`'s block and writes the arguments held for it.
-    fn start_tool(&mut self, slot: usize, out: &mut Vec<u8>) {
+    fn start_call(&mut self, slot: usize, out: &mut Vec<u8>) {
         let index = self.next_block(Open::Tool(slot), out);
         let request_id = &self.ctx.request_id;
         let Some(started) = self.calls.start(slot, || minted_tool_id(request_id, slot)) else {
@@ -223,44 +228,52 @@ impl MessagesStream {
         .write(out);
         let pending = started.pending;
         if !pending.is_empty() {
-            self.input_json(&pending, out);
+            self.arguments(&pending, out);
         }
-    }
-
-    /// Starts (and so flushes) tool calls still waiting — for a name, or for the open call to
-    /// complete: the generation is over.
-    fn flush_pending_tools(&mut self, out: &mut Vec<u8>) {
-        while let Some(slot) = self.calls.next_waiting() {
-            self.start_tool(slot, out);
-        }
-    }
-
-    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let chunk: ChatChunk<'_> = serde_json::from_slice(data)
-            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
-        if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
-            return Err(upstream_error(data, &self.ctx));
-        }
-        let chunk_usage = chunk.usage();
-        self.ensure_started(out, chunk_usage.as_ref());
-        chunk_parts::dispatch(self, &chunk, chunk_usage, out)
-    }
-
-    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
-        let error = scrub_error(error, &self.ctx);
-        error.write_sse(ClientFormat::Messages, &self.ctx.request_id, out);
-        self.error = Some(error);
-        self.end = StreamEnd::Failed;
     }
 }
 
-impl ChunkParts for MessagesStream {
-    fn metered(&mut self) -> &mut Metered {
-        &mut self.metered
+impl StreamFormat for MessagesWriter {
+    type Held = Held;
+    const FORMAT: ClientFormat = ClientFormat::Messages;
+    const PINGS: bool = true;
+
+    fn context(&self) -> &ResponseContext {
+        &self.ctx
     }
 
-    fn finished(&self) -> bool {
-        self.held.is_some()
+    fn chunk(
+        &mut self,
+        core: &mut Core<Held>,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ApiError> {
+        chunk_parts::walk(self, core, data, out)
+    }
+
+    /// `message_delta` with the held stop reason and the usage known, then `message_stop`.
+    fn complete(&mut self, held: Held, usage: Usage, out: &mut Vec<u8>) {
+        StreamEvent::MessageDelta {
+            delta: MessageDelta {
+                stop_reason: held.stop,
+                stop_sequence: held.stop_sequence.as_deref(),
+            },
+            usage: UsageOut::from(&usage),
+        }
+        .write(out);
+        StreamEvent::MessageStop.write(out);
+    }
+
+    /// `message_start` if the upstream has sent nothing yet, then a `ping`.
+    fn idle(&mut self, out: &mut Vec<u8>) {
+        self.start(None, out);
+        StreamEvent::Ping.write(out);
+    }
+}
+
+impl ChunkParts for MessagesWriter {
+    fn start(&mut self, usage: Option<&Usage>, out: &mut Vec<u8>) {
+        self.ensure_started(out, usage);
     }
 
     fn reasoning(&mut self, text: &str, out: &mut Vec<u8>) {
@@ -281,125 +294,28 @@ impl ChunkParts for MessagesStream {
         self.delta(BlockDelta::TextDelta { text }, out);
     }
 
-    /// One entry of `delta.tool_calls`.
-    fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let mut step = self
-            .calls
-            .delta(tc)
-            .map_err(|e| e.into_api_error(CLOSED_EARLY))?;
-        while let Some(action) = step.next(&self.calls, self.open_call()) {
-            match action {
-                Action::Arguments { text, .. } => self.input_json(text, out),
-                Action::Start(slot) => self.start_tool(slot, out),
-            }
-        }
-        Ok(())
-    }
-
     /// The finish chunk: hold `message_delta`, or the error the finish amounts to.
-    fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
+    fn finish(
+        &mut self,
+        choice: &ChunkChoice<'_>,
+        finish: &str,
+        out: &mut Vec<u8>,
+    ) -> Result<Held, ApiError> {
         let had_tools = !self.calls.is_empty();
         let matched = choice.matched_stop_string();
-        let stop = match stop_reason(Some(finish), matched, had_tools) {
-            Ok(stop) => stop,
-            Err(e) => {
-                self.metered.held_error = Some(e);
-                return;
-            }
-        };
-        self.flush_pending_tools(out);
+        let stop = stop_reason(Some(finish), matched, had_tools)?;
+        self.start_waiting(out);
         self.close_block(out);
         if self.calls.any_partial() {
-            self.metered.held_error = Some(incomplete_tool_arguments(finish));
-            return;
+            return Err(incomplete_tool_arguments(finish));
         }
         let stop_sequence = match stop {
             StopReason::StopSequence => matched.map(str::to_owned),
             _ => None,
         };
-        self.held = Some(Held {
+        Ok(Held {
             stop,
             stop_sequence,
-        });
-    }
-
-    /// `message_delta` with the held stop reason and the usage known, then `message_stop`.
-    fn complete(&mut self, out: &mut Vec<u8>) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        StreamEvent::MessageDelta {
-            delta: MessageDelta {
-                stop_reason: held.stop,
-                stop_sequence: held.stop_sequence.as_deref(),
-            },
-            usage: UsageOut::from(&self.usage()),
-        }
-        .write(out);
-        StreamEvent::MessageStop.write(out);
-        self.end = StreamEnd::Complete;
-    }
-}
-
-impl StreamTranslator for MessagesStream {
-    fn on_event(&mut self, data: &[u8], out: &mut Vec<u8>) {
-        if self.end != StreamEnd::Open {
-            return;
-        }
-        if data.trim_ascii() == b"[DONE]" {
-            self.on_end(out);
-            return;
-        }
-        if let Err(e) = self.translate(data, out) {
-            self.fail(e, out);
-        }
-    }
-
-    fn on_end(&mut self, out: &mut Vec<u8>) {
-        if self.end != StreamEnd::Open {
-            return;
-        }
-        if let Some(e) = self.metered.held_error.take() {
-            self.fail(e, out);
-        } else if self.held.is_some() {
-            self.complete(out);
-        } else {
-            self.fail(
-                malformed_stream("the stream ended before the model finished"),
-                out,
-            );
-        }
-    }
-
-    fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>) {
-        if self.end == StreamEnd::Open {
-            // An error held from the finish is what went wrong first.
-            let e = self
-                .metered
-                .held_error
-                .take()
-                .unwrap_or_else(|| error.clone());
-            self.fail(e, out);
-        }
-    }
-
-    fn on_idle(&mut self, out: &mut Vec<u8>) {
-        if self.end != StreamEnd::Open {
-            return;
-        }
-        self.ensure_started(out, None);
-        StreamEvent::Ping.write(out);
-    }
-
-    fn usage(&self) -> Usage {
-        self.metered.usage()
-    }
-
-    fn end(&self) -> StreamEnd {
-        self.end
-    }
-
-    fn error(&self) -> Option<&ApiError> {
-        self.error.as_ref()
+        })
     }
 }

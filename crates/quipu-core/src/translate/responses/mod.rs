@@ -10,7 +10,10 @@
 //! - [`object`]: the response object and its output items, as bytes (shared by both paths).
 //! - [`response`]: a non-streaming upstream completion → a response object.
 //! - [`stream`]: the incremental state machine turning upstream chunks into the API's event
-//!   sequence (`response.created` … `response.completed`), every event numbered.
+//!   sequence (`response.created` … `response.completed`), every event numbered, run by the
+//!   stream core.
+//!
+//! [`Responses`] is the format's [`Format`].
 //! - [`stored`]: stored conversations — ids for new input items, listing them page by page.
 //! - [`conformance`]: an event-sequence validator and accumulator, for tests, fuzzing and
 //!   benchmarks.
@@ -43,9 +46,55 @@ pub use request::{
     ResponsesTurn,
 };
 pub use response::upstream_to_responses;
-pub use stream::ResponsesStream;
+pub use stream::{ResponsesStream, ResponsesWriter};
 
 use super::ResponseContext;
+use crate::config::Config;
+use crate::error::{ApiError, ClientFormat};
+use crate::translate::format::{Format, Wire};
+use crate::translate::stream_core::Stream;
+use crate::translate::UpstreamRequest;
+use crate::usage::Usage;
+
+/// The Responses API (see [`Format`]). Its stored-response routes and the conversation a
+/// request continues are the proxy's I/O around [`parse_request`] and
+/// [`responses_to_upstream`].
+pub struct Responses;
+
+impl Format for Responses {
+    const FORMAT: ClientFormat = ClientFormat::Responses;
+    const WIRE: Wire = Wire {
+        x_api_key: false,
+        version_headers: &[],
+    };
+    type Request = ResponsesTurn;
+    type Context = ResponsesContext;
+    type Writer = ResponsesWriter;
+
+    /// A request that continues no stored conversation; its stored items are named after the
+    /// response's id (`resp_<hex of request_id>`).
+    fn to_upstream(
+        body: &[u8],
+        config: &Config,
+        request_id: &str,
+    ) -> Result<ResponsesTurn, ApiError> {
+        responses_to_upstream_body(body, config, id_base(request_id))
+    }
+
+    fn respond(upstream_body: &[u8], ctx: &ResponsesContext) -> Result<(Vec<u8>, Usage), ApiError> {
+        upstream_to_responses(upstream_body, ctx)
+    }
+
+    fn stream(ctx: ResponsesContext) -> Stream<ResponsesWriter> {
+        ResponsesStream::new(ctx)
+    }
+}
+
+impl AsRef<UpstreamRequest> for ResponsesTurn {
+    fn as_ref(&self) -> &UpstreamRequest {
+        &self.upstream
+    }
+}
 
 /// What a Responses translator knows beyond [`ResponseContext`].
 #[derive(Debug, Clone)]

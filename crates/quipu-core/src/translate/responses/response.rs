@@ -5,7 +5,7 @@
 //! text), one `function_call` per tool call. The object is [`super::object`]'s, the same the
 //! stream's `response.completed` carries.
 //!
-//! Judged as the messages format judges a completion (its [`stop_reason`] table and the same
+//! Judged as the messages format judges a completion (the shared [`stop_reason`] table and the same
 //! [`ObjectScanner`] the stream runs over each fragment), so both paths agree: malformed
 //! tool arguments are a 502; `abort`, `error` or an unknown finish reason is a 502; `length`
 //! is an `incomplete` response (`max_output_tokens`; a call cut off inside its arguments is an
@@ -21,13 +21,12 @@ use super::object::{
 };
 use super::ResponsesContext;
 use crate::error::{ApiError, ClientFormat};
-use crate::protocol::upstream::ChatCompletion;
-use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
-use crate::translate::messages::response::{
-    incomplete_tool_arguments, malformed_response, malformed_tool_arguments, stop_reason,
-    upstream_error_in, StopReason,
+use crate::translate::common::finish::{
+    answer, incomplete_tool_arguments, malformed_tool_arguments, read_completion, stop_reason,
+    StopReason,
 };
-use crate::translate::{json_failure, scrub_error};
+use crate::translate::json_scan::{ObjectScanner, Scan, JSON_WS};
+use crate::translate::scrub_error;
 use crate::usage::Usage;
 
 /// A response's status from the messages format's stop reason.
@@ -68,21 +67,8 @@ fn completion_to_response(
     upstream_body: &[u8],
     ctx: &ResponsesContext,
 ) -> Result<(Vec<u8>, Usage), ApiError> {
-    let c: ChatCompletion<'_> = serde_json::from_slice(upstream_body)
-        .map_err(|e| malformed_response(&json_failure("the completion", &e)))?;
-    if c.error.is_some() || c.object.as_deref() == Some("error") {
-        return Err(upstream_error_in(
-            upstream_body,
-            &ctx.base,
-            ClientFormat::Responses,
-        ));
-    }
-    let choice = c
-        .choices
-        .iter()
-        .find(|ch| ch.index == 0)
-        .or(c.choices.first())
-        .ok_or_else(|| malformed_response("a completion without choices"))?;
+    let c = read_completion(upstream_body, &ctx.base, ClientFormat::Responses)?;
+    let choice = answer(&c)?;
     let msg = &choice.message;
     let calls = msg.tool_calls.as_deref().unwrap_or_default();
     let args: Vec<&str> = calls

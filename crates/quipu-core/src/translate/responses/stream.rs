@@ -43,7 +43,10 @@
 //! items (for `response.completed`, which carries them all, and for storage) — the reply
 //! itself, which the protocol sends again at the end; never anything to re-read per chunk.
 //!
-//! [`on_failure`]: StreamTranslator::on_failure
+//! The held end, the error's place and metering are the stream core's
+//! ([`crate::translate::stream_core`]); this module writes the events.
+//!
+//! [`on_failure`]: crate::translate::StreamTranslator::on_failure
 //! [`ObjectScanner`]: crate::translate::json_scan::ObjectScanner
 //! [`tool_calls`]: crate::translate::tool_calls
 
@@ -54,14 +57,13 @@ use super::object::{
 use super::response::status_of;
 use super::ResponsesContext;
 use crate::error::{write_json_str, ApiError, ClientFormat};
-use crate::protocol::upstream::{ChatChunk, ChunkChoice, ToolCallDelta};
-use crate::translate::chunk_parts::{self, ChunkParts, Metered};
+use crate::protocol::upstream::{ChatChunk, ChunkChoice};
+use crate::translate::chunk_parts::{self, ChunkParts};
+use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
 use crate::translate::json_scan::Scan;
-use crate::translate::messages::response::{
-    incomplete_tool_arguments, stop_reason, upstream_error_in, StopReason,
-};
-use crate::translate::tool_calls::{Action, ToolCalls, Whitespace};
-use crate::translate::{json_failure, malformed_stream, scrub_error, StreamEnd, StreamTranslator};
+use crate::translate::stream_core::{Core, Stream, StreamFormat};
+use crate::translate::tool_calls::{CallBlocks, ToolCalls, Whitespace};
+use crate::translate::ResponseContext;
 use crate::usage::Usage;
 
 pub use crate::translate::tool_calls::MAX_HELD_ARGUMENTS;
@@ -79,8 +81,32 @@ enum Open {
     Call(usize),
 }
 
-/// The Responses API stream translator (see the module docs).
-pub struct ResponsesStream {
+/// The Responses API stream translator (see the module docs): [`ResponsesWriter`] run by the
+/// stream core.
+pub type ResponsesStream = Stream<ResponsesWriter>;
+
+impl ResponsesStream {
+    pub fn new(ctx: ResponsesContext) -> Self {
+        Stream::with(ResponsesWriter {
+            ctx,
+            seq: 0,
+            started: false,
+            open: Open::None,
+            open_index: 0,
+            next_index: 0,
+            text: String::new(),
+            output: Vec::new(),
+            calls: ToolCalls::new(Whitespace::Trim),
+            reported_reasoning: None,
+            reasoning_bytes: 0,
+            output_bytes: 0,
+            object: None,
+        })
+    }
+}
+
+/// What the Responses API writes of a stream: its numbered events, its items.
+pub struct ResponsesWriter {
     ctx: ResponsesContext,
     seq: u64,
     started: bool,
@@ -93,15 +119,9 @@ pub struct ResponsesStream {
     /// Finished items, comma-separated.
     output: Vec<u8>,
     calls: ToolCalls,
-    /// The finish: the status the response completes with once usage is known.
-    held: Option<Status>,
-    /// Usage, and an error that came with the finish.
-    metered: Metered,
     reported_reasoning: Option<u64>,
     reasoning_bytes: usize,
     output_bytes: usize,
-    end: StreamEnd,
-    error: Option<ApiError>,
     /// The final response object, when it is to be stored.
     object: Option<Vec<u8>>,
 }
@@ -111,29 +131,7 @@ fn frame_close(out: &mut Vec<u8>) {
     out.extend_from_slice(b"}\n\n");
 }
 
-impl ResponsesStream {
-    pub fn new(ctx: ResponsesContext) -> Self {
-        ResponsesStream {
-            ctx,
-            seq: 0,
-            started: false,
-            open: Open::None,
-            open_index: 0,
-            next_index: 0,
-            text: String::new(),
-            output: Vec::new(),
-            calls: ToolCalls::new(Whitespace::Trim),
-            held: None,
-            metered: Metered::default(),
-            reported_reasoning: None,
-            reasoning_bytes: 0,
-            output_bytes: 0,
-            end: StreamEnd::Open,
-            error: None,
-            object: None,
-        }
-    }
-
+impl ResponsesWriter {
     /// `event: <name>\ndata: {"type":"<name>","sequence_number":N` — the caller writes the
     /// rest of the object, then [`frame_close`].
     fn event(&mut self, out: &mut Vec<u8>, name: &str) {
@@ -154,8 +152,7 @@ impl ResponsesStream {
         out.extend_from_slice(itoa::Buffer::new().format(self.open_index).as_bytes());
     }
 
-    fn totals(&self) -> Totals {
-        let usage = self.usage();
+    fn totals(&self, usage: Usage) -> Totals {
         Totals {
             usage,
             reasoning_tokens: reasoning_tokens(
@@ -167,20 +164,22 @@ impl ResponsesStream {
         }
     }
 
-    /// A lifecycle event carrying the response object.
+    /// A lifecycle event carrying the response object; `usage` is what was metered (not shown
+    /// while the response is in progress).
     fn lifecycle(
         &mut self,
         out: &mut Vec<u8>,
         name: &str,
         status: Status,
         error: Option<&ApiError>,
+        usage: Usage,
     ) {
         self.event(out, name);
         out.extend_from_slice(b",\"response\":");
         let at = out.len();
         let totals = match status {
             Status::InProgress => None,
-            _ => Some(self.totals()),
+            _ => Some(self.totals(usage)),
         };
         write_object(out, &self.ctx, status, error, &self.output, totals.as_ref());
         if self.ctx.keep_object && status != Status::InProgress {
@@ -195,8 +194,9 @@ impl ResponsesStream {
             return;
         }
         self.started = true;
-        self.lifecycle(out, "response.created", Status::InProgress, None);
-        self.lifecycle(out, "response.in_progress", Status::InProgress, None);
+        let none = Usage::default();
+        self.lifecycle(out, "response.created", Status::InProgress, None, none);
+        self.lifecycle(out, "response.in_progress", Status::InProgress, None, none);
     }
 
     /// `response.output_item.added` for a new item; the caller writes the item, then closes.
@@ -311,13 +311,27 @@ impl ResponsesStream {
         write_json_str(out, fragment);
         frame_close(out);
     }
+}
 
-    /// The slot of the call whose item is open.
+impl CallBlocks for ResponsesWriter {
+    const CLOSED_EARLY: &'static str = CLOSED_EARLY;
+
+    fn calls(&mut self) -> &mut ToolCalls {
+        &mut self.calls
+    }
+
     fn open_call(&self) -> Option<usize> {
         match self.open {
             Open::Call(slot) => Some(slot),
             _ => None,
         }
+    }
+
+    /// Forwards a fragment of the open call's arguments.
+    fn arguments(&mut self, fragment: &str, out: &mut Vec<u8>) {
+        self.arguments_delta(fragment, out);
+        self.text.push_str(fragment);
+        self.output_bytes += fragment.len();
     }
 
     /// Adds call `slot`'s item and writes the arguments held for it.
@@ -340,59 +354,57 @@ impl ResponsesStream {
         frame_close(out);
         let pending = started.pending;
         if !pending.is_empty() {
-            self.call_fragment(&pending, out);
+            self.arguments(&pending, out);
         }
     }
+}
 
-    /// Forwards a fragment of the open call's arguments.
-    fn call_fragment(&mut self, fragment: &str, out: &mut Vec<u8>) {
-        self.arguments_delta(fragment, out);
-        self.text.push_str(fragment);
-        self.output_bytes += fragment.len();
+impl StreamFormat for ResponsesWriter {
+    type Held = Status;
+    const FORMAT: ClientFormat = ClientFormat::Responses;
+    /// The Responses API has no keep-alive event: a silent stream just waits.
+    const PINGS: bool = false;
+
+    fn context(&self) -> &ResponseContext {
+        &self.ctx.base
     }
 
-    /// Starts the calls still waiting: the generation is over.
-    fn flush_pending_calls(&mut self, out: &mut Vec<u8>) {
-        while let Some(slot) = self.calls.next_waiting() {
-            self.start_call(slot, out);
-        }
+    fn chunk(
+        &mut self,
+        core: &mut Core<Status>,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ApiError> {
+        chunk_parts::walk(self, core, data, out)
     }
 
-    fn translate(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let chunk: ChatChunk<'_> = serde_json::from_slice(data)
-            .map_err(|e| malformed_stream(&json_failure("a chunk", &e)))?;
-        if chunk.error.is_some() || chunk.object.as_deref() == Some("error") {
-            return Err(upstream_error_in(
-                data,
-                &self.ctx.base,
-                ClientFormat::Responses,
-            ));
-        }
-        self.ensure_started(out);
-        let chunk_usage = chunk.usage();
-        chunk_parts::dispatch(self, &chunk, chunk_usage, out)
+    /// `response.completed` or `response.incomplete`, with every item and the usage.
+    fn complete(&mut self, status: Status, usage: Usage, out: &mut Vec<u8>) {
+        let name = match status {
+            Status::Incomplete(_) => "response.incomplete",
+            Status::InProgress | Status::Completed | Status::Failed => "response.completed",
+        };
+        self.lifecycle(out, name, status, None, usage);
     }
 
-    fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
-        let error = scrub_error(error, &self.ctx.base);
+    /// An `error` event, then `response.failed` with the items finished so far.
+    fn write_error(&mut self, error: &ApiError, usage: Usage, out: &mut Vec<u8>) {
         self.ensure_started(out);
         self.event(out, "error");
         out.push(b',');
         error.write_responses_fields(out);
         frame_close(out);
-        self.lifecycle(out, "response.failed", Status::Failed, Some(&error));
-        self.error = Some(error);
-        self.end = StreamEnd::Failed;
+        self.lifecycle(out, "response.failed", Status::Failed, Some(error), usage);
+    }
+
+    fn take_object(&mut self) -> Option<Vec<u8>> {
+        self.object.take()
     }
 }
 
-impl ChunkParts for ResponsesStream {
-    fn metered(&mut self) -> &mut Metered {
-        &mut self.metered
-    }
-
-    fn finished(&self) -> bool {
-        self.held.is_some()
+impl ChunkParts for ResponsesWriter {
+    fn start(&mut self, _usage: Option<&Usage>, out: &mut Vec<u8>) {
+        self.ensure_started(out);
     }
 
     fn usage_reported(&mut self, chunk: &ChatChunk<'_>) {
@@ -455,112 +467,21 @@ impl ChunkParts for ResponsesStream {
         self.output_bytes += text.len();
     }
 
-    /// One entry of `delta.tool_calls`.
-    fn tool_delta(&mut self, tc: &ToolCallDelta<'_>, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let mut step = self
-            .calls
-            .delta(tc)
-            .map_err(|e| e.into_api_error(CLOSED_EARLY))?;
-        while let Some(action) = step.next(&self.calls, self.open_call()) {
-            match action {
-                Action::Arguments { text, .. } => self.call_fragment(text, out),
-                Action::Start(slot) => self.start_call(slot, out),
-            }
-        }
-        Ok(())
-    }
-
     /// The finish chunk: close the items and hold the end (or the error the finish is).
-    fn finish(&mut self, choice: &ChunkChoice<'_>, finish: &str, out: &mut Vec<u8>) {
+    fn finish(
+        &mut self,
+        choice: &ChunkChoice<'_>,
+        finish: &str,
+        out: &mut Vec<u8>,
+    ) -> Result<Status, ApiError> {
         let had_tools = !self.calls.is_empty();
-        let stop = match stop_reason(Some(finish), choice.matched_stop_string(), had_tools) {
-            Ok(stop) => stop,
-            Err(e) => {
-                self.metered.held_error = Some(e);
-                return;
-            }
-        };
+        let stop = stop_reason(Some(finish), choice.matched_stop_string(), had_tools)?;
         if self.calls.any_partial() && stop != StopReason::MaxTokens {
-            self.metered.held_error = Some(incomplete_tool_arguments(finish));
-            return;
+            return Err(incomplete_tool_arguments(finish));
         }
         let status = status_of(stop);
-        self.flush_pending_calls(out);
+        self.start_waiting(out);
         self.close_item(out, matches!(status, Status::Incomplete(_)));
-        self.held = Some(status);
-    }
-
-    /// `response.completed` or `response.incomplete`, with every item and the usage.
-    fn complete(&mut self, out: &mut Vec<u8>) {
-        let Some(status) = self.held.take() else {
-            return;
-        };
-        let name = match status {
-            Status::Incomplete(_) => "response.incomplete",
-            Status::InProgress | Status::Completed | Status::Failed => "response.completed",
-        };
-        self.lifecycle(out, name, status, None);
-        self.end = StreamEnd::Complete;
-    }
-}
-
-impl StreamTranslator for ResponsesStream {
-    fn on_event(&mut self, data: &[u8], out: &mut Vec<u8>) {
-        if self.end != StreamEnd::Open {
-            return;
-        }
-        if data.trim_ascii() == b"[DONE]" {
-            self.on_end(out);
-            return;
-        }
-        if let Err(e) = self.translate(data, out) {
-            self.fail(e, out);
-        }
-    }
-
-    fn on_end(&mut self, out: &mut Vec<u8>) {
-        if self.end != StreamEnd::Open {
-            return;
-        }
-        if let Some(e) = self.metered.held_error.take() {
-            self.fail(e, out);
-        } else if self.held.is_some() {
-            self.complete(out);
-        } else {
-            self.fail(
-                malformed_stream("the stream ended before the model finished"),
-                out,
-            );
-        }
-    }
-
-    fn on_failure(&mut self, error: &ApiError, out: &mut Vec<u8>) {
-        if self.end == StreamEnd::Open {
-            let e = self
-                .metered
-                .held_error
-                .take()
-                .unwrap_or_else(|| error.clone());
-            self.fail(e, out);
-        }
-    }
-
-    /// The Responses API has no keep-alive event: nothing is written.
-    fn on_idle(&mut self, _out: &mut Vec<u8>) {}
-
-    fn usage(&self) -> Usage {
-        self.metered.usage()
-    }
-
-    fn end(&self) -> StreamEnd {
-        self.end
-    }
-
-    fn error(&self) -> Option<&ApiError> {
-        self.error.as_ref()
-    }
-
-    fn take_object(&mut self) -> Option<Vec<u8>> {
-        self.object.take()
+        Ok(status)
     }
 }

@@ -3,7 +3,7 @@
 //! then ([`Index`] and [`Dot`] format lazily).
 
 use crate::error::ApiError;
-use crate::translate::MAX_OUTPUT_TOKENS;
+use crate::translate::common::request::{token_count, BadCount, Spelling};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::fmt;
@@ -71,26 +71,11 @@ pub(super) fn integer_field(raw: &RawValue, param: &str) -> Result<i64, ApiError
         .ok_or_else(|| ApiError::invalid(param, format!("`{param}` must be an integer")))
 }
 
-/// `max_tokens`: an integer ≥ 1; anything larger than the maximum is clamped to it.
+/// `max_tokens` (or `max_completion_tokens`): an integer ≥ 1, any whole number taken (see
+/// [`Spelling`]); anything larger than the maximum is clamped to it.
 pub(super) fn max_tokens_field(raw: &RawValue, param: &str) -> Result<u32, ApiError> {
-    let v: serde_json::Number = serde_json::from_str(raw.get())
-        .map_err(|_| ApiError::invalid(param, format!("`{param}` must be an integer")))?;
-    let n = match (v.as_u64(), v.as_i64(), v.as_f64()) {
-        (Some(n), _, _) => n,
-        (None, Some(_), _) => 0, // negative
-        (None, None, Some(f)) if f.is_finite() && f.fract() == 0.0 && f >= 1.0 => u64::MAX,
-        _ => {
-            return Err(ApiError::invalid(
-                param,
-                format!("`{param}` must be an integer"),
-            ))
-        }
-    };
-    if n == 0 {
-        return Err(ApiError::invalid(
-            param,
-            format!("`{param}` must be at least 1"),
-        ));
-    }
-    Ok(n.min(u64::from(MAX_OUTPUT_TOKENS)) as u32)
+    token_count(raw, Spelling::WholeNumber).map_err(|bad| match bad {
+        BadCount::NotInteger => ApiError::invalid(param, format!("`{param}` must be an integer")),
+        BadCount::BelowOne => ApiError::invalid(param, format!("`{param}` must be at least 1")),
+    })
 }

@@ -23,10 +23,9 @@ mod messages;
 mod options;
 mod tools;
 
-pub use messages::validate_image_url;
-
 use crate::config::Config;
-use crate::error::{write_json_str, ApiError, ErrorKind};
+use crate::error::{write_json_str, ApiError};
+use crate::translate::common::request::find_model;
 use crate::translate::upstream_body::{self, Endpoint};
 use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
 use fields::{bool_field, integer_field, max_tokens_field, number_in, str_field};
@@ -98,15 +97,7 @@ pub fn chat_to_upstream(body: &[u8], config: &Config) -> Result<UpstreamRequest,
         Some(raw) => str_field(raw, "model")?,
         None => return Err(ApiError::invalid("model", "`model` is required")),
     };
-    let model = config.resolve_model(&model_name).ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::ModelNotFound,
-            format!(
-                "model `{model_name}` does not exist; valid models are {}",
-                config.slug_list()
-            ),
-        )
-    })?;
+    let model = find_model(&model_name, config)?;
 
     let stream = match req.stream {
         Some(raw) => bool_field(raw, "stream")?.unwrap_or(false),

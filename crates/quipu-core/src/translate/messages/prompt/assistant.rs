@@ -2,11 +2,11 @@
 //! blocks into `tool_calls` (inputs compacted into the `arguments` string); a final one with
 //! text is a prefill.
 
-use super::rawjson::{self, is_object, is_string};
 use super::{
     block_kind, invalid, req_name, req_str, sep, string_or_blocks, write_joined, Kind, Writer,
 };
 use crate::error::{write_json_str, ApiError};
+use crate::translate::common::rawjson::{self, is_object, is_string};
 use serde_json::value::RawValue;
 
 impl<'a> Writer<'_, 'a> {

@@ -29,8 +29,9 @@
 //!   messages count as one turn, as the vendor merges them).
 //! - `document` blocks with a plain-text source → text; other document sources are a 400.
 //!
-//! Text is copied as the client escaped it (see [`super::rawjson`]); nothing is decoded and
-//! re-encoded except tool names and tool inputs (compacted into the `arguments` string).
+//! Text is copied as the client escaped it (see [`crate::translate::common::rawjson`]); nothing is
+//! decoded and re-encoded except tool names and tool inputs (compacted into the `arguments`
+//! string).
 //!
 //! Layout: this file walks the prompt (system, then each message by role) and holds the
 //! shared readers; [`tools`] declares tools and shortens long names; [`user`] writes user
@@ -41,12 +42,12 @@ mod assistant;
 mod tools;
 mod user;
 
-pub use tools::{shorten_tool_name, ToolNames, MAX_TOOL_NAME};
+pub use tools::ToolNames;
 
-use super::rawjson::{self, is_array, is_object, is_string};
 use crate::config::{Config, Model};
 use crate::error::ApiError;
 use crate::protocol::anthropic::{AnthropicBlock, AnthropicMessage, AnthropicTool};
+use crate::translate::common::rawjson::{self, is_array, is_object, is_string};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -96,10 +97,7 @@ pub struct Prompt<'a> {
 
 /// A 400 whose message starts with the offending field's path (clients of the messages format
 /// only see the message, so it must name the field itself).
-pub fn invalid(param: String, what: impl AsRef<str>) -> ApiError {
-    let message = format!("{param}: {}", what.as_ref());
-    ApiError::invalid(param, message)
-}
+pub use crate::translate::common::request::invalid;
 
 /// Parses a JSON array of objects into `T`s in one pass; errors name the first bad element
 /// (found by re-reading the array element by element, only when the fast parse failed).
@@ -262,12 +260,9 @@ pub fn write_prompt<'a>(
     let messages = input
         .messages
         .into_vec(&|| "messages".into(), "messages")?
-        .ok_or_else(|| invalid("messages".into(), "is required"))?;
+        .ok_or_else(|| invalid("messages", "is required"))?;
     if messages.is_empty() {
-        return Err(invalid(
-            "messages".into(),
-            "must contain at least one message",
-        ));
+        return Err(invalid("messages", "must contain at least one message"));
     }
 
     out.extend_from_slice(b"\"messages\":");
@@ -282,7 +277,7 @@ pub fn write_prompt<'a>(
     }
     if w.turns == 0 {
         return Err(invalid(
-            "messages".into(),
+            "messages",
             "must contain at least one user or assistant message; `system` entries alone are not a conversation",
         ));
     }

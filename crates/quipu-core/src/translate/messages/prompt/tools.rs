@@ -2,15 +2,12 @@
 //! upstream function tools, and named for the upstream (names over 64 bytes shortened stably,
 //! and restored in responses through [`ToolNames::shortened`]).
 
-use super::rawjson::{self, is_object, is_string};
 use super::{invalid, req_name, sep};
 use crate::error::{write_json_str, ApiError};
 use crate::protocol::anthropic::AnthropicTool;
-use sha2::{Digest, Sha256};
+use crate::translate::common::rawjson::{self, is_object, is_string};
+use crate::translate::common::tool_names::{shorten_tool_name, MAX_TOOL_NAME};
 use std::borrow::Cow;
-
-/// The longest function name the upstream protocol allows.
-pub const MAX_TOOL_NAME: usize = 64;
 
 /// Client tool names and the names the upstream sees (shortened when over 64 bytes).
 #[derive(Debug, Default)]
@@ -41,25 +38,6 @@ impl<'a> ToolNames<'a> {
             .find(|(c, _)| c == client)
             .map(|(_, u)| u.as_ref())
     }
-}
-
-/// A stable ≤ 64-byte name for a longer tool name: its first 55 bytes (cut on a character
-/// boundary), `_`, and 8 hex digits of its SHA-256. The same name always gives the same result,
-/// so a conversation's history and tools agree across requests (and the prefix cache holds).
-pub fn shorten_tool_name(name: &str) -> String {
-    let digest = Sha256::digest(name.as_bytes());
-    let mut cut = MAX_TOOL_NAME - 9;
-    while !name.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    let mut s = String::with_capacity(MAX_TOOL_NAME);
-    s.push_str(&name[..cut]);
-    s.push('_');
-    let mut hex = [0u8; 8];
-    let first4 = [digest[0], digest[1], digest[2], digest[3]];
-    crate::ascii::fill_hex(&mut hex, u64::from(u32::from_be_bytes(first4)));
-    s.extend(hex.iter().map(|&b| char::from(b)));
-    s
 }
 
 /// Validates the declared tools and records their names.

@@ -1,7 +1,6 @@
 //! User messages: tool results first (one `tool` message each, images they return in a
 //! `user` message after them), then the remaining text, image and document blocks in order.
 
-use super::rawjson::{self, is_array, is_string};
 use super::{
     block_kind, invalid, parse_object, parse_objects, req_str, sep, string_or_blocks, Kind, Writer,
 };
@@ -9,33 +8,14 @@ use crate::config::ImageUrlPolicy;
 use crate::error::{write_json_str, ApiError};
 use crate::protocol::anthropic::{AnthropicBlock, AnthropicSource};
 use crate::translate::base64::is_base64;
+use crate::translate::common::images::check_vision;
+use crate::translate::common::rawjson::{self, is_array, is_string};
 use crate::translate::image_url::{check_image_url, ImageUrlRejection};
 use serde_json::value::RawValue;
 
 impl<'a> Writer<'_, 'a> {
     fn check_vision(&self, param: &dyn Fn() -> String) -> Result<(), ApiError> {
-        if self.model.vision {
-            return Ok(());
-        }
-        let with: Vec<String> = self
-            .config
-            .models
-            .iter()
-            .filter(|m| m.vision)
-            .map(|m| format!("`{}`", m.slug))
-            .collect();
-        Err(invalid(
-            param(),
-            format!(
-                "model `{}` does not accept images; models with vision: {}",
-                self.client_model,
-                if with.is_empty() {
-                    "none".to_owned()
-                } else {
-                    with.join(", ")
-                }
-            ),
-        ))
+        check_vision(self.model, self.config, self.client_model, param)
     }
 
     /// An `image` block → an `image_url` part.

@@ -17,12 +17,13 @@
 //! (requests), [`response`] (non-streaming), [`stream_events`], [`errors`], [`claude_code`],
 //! [`robustness`]. The helpers below are shared; `fixture!` names a recorded upstream stream.
 
-use super::prompt::shorten_tool_name;
 use super::*;
 use crate::config::{Config, ImageUrlPolicy};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::sse::SseDecoder;
 use crate::testing::{replay, Replay};
+use crate::translate::common::tool_names::shorten_tool_name;
+use crate::translate::test_support::{completion, config, events, fixture, names, param, sse};
 use crate::translate::upstream_error::{map_upstream_error, UpstreamFailure};
 use crate::translate::{
     feed_stream, finish_stream, malformed_stream, ResponseContext, StreamEnd, StreamTranslator,
@@ -30,12 +31,6 @@ use crate::translate::{
 };
 use crate::usage::Usage;
 use serde_json::{json, Value};
-use std::sync::OnceLock;
-
-fn config() -> &'static Config {
-    static C: OnceLock<Config> = OnceLock::new();
-    C.get_or_init(|| Config::parse(crate::config::EMBEDDED_DEFAULT, "embedded").unwrap())
-}
 
 fn config_rejecting_urls() -> Config {
     let mut c = Config::parse(crate::config::EMBEDDED_DEFAULT, "embedded").unwrap();
@@ -71,13 +66,6 @@ fn reject(v: &Value) -> ApiError {
     }
 }
 
-fn param(e: &ApiError) -> &str {
-    match &e.kind {
-        ErrorKind::InvalidRequest { param: Some(p) } => p,
-        other => panic!("not a field error: {other:?} {}", e.message),
-    }
-}
-
 const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
 
 fn image(media: &str) -> Value {
@@ -99,12 +87,6 @@ fn nonstream(body: &Value) -> Result<(Value, Usage), ApiError> {
         .map(|(b, u)| (serde_json::from_slice(&b).unwrap(), u))
 }
 
-fn completion(message: Value, finish: &str, usage: Value) -> Value {
-    json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "Qwen/Qwen3-VL-32B-Instruct",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": null}],
-        "usage": usage})
-}
-
 /// The upstream bytes, cut into these reads, through a fresh messages stream translator.
 fn stream_chunks(chunks: &[&[u8]]) -> Replay {
     replay(&mut MessagesStream::new(ctx()), chunks)
@@ -112,45 +94,6 @@ fn stream_chunks(chunks: &[&[u8]]) -> Replay {
 
 fn stream(input: &str) -> Replay {
     stream_chunks(&[input.as_bytes()])
-}
-
-/// `data: …\n\n` for each chunk, then `data: [DONE]`.
-fn sse(chunks: &[Value]) -> String {
-    let mut s = String::new();
-    for c in chunks {
-        s.push_str(&format!("data: {c}\n\n"));
-    }
-    s.push_str("data: [DONE]\n\n");
-    s
-}
-
-fn events(bytes: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(bytes).unwrap();
-    text.split("\n\n")
-        .filter(|f| !f.is_empty())
-        .map(|f| {
-            let (ev, data) = f.split_once('\n').unwrap();
-            (
-                ev.strip_prefix("event: ").unwrap().to_owned(),
-                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
-            )
-        })
-        .collect()
-}
-
-fn names(bytes: &[u8]) -> Vec<String> {
-    events(bytes).into_iter().map(|(n, _)| n).collect()
-}
-
-macro_rules! fixture {
-    ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/streams/",
-            $name,
-            ".sse"
-        ))
-    };
 }
 
 fn chunk(delta: Value, finish: Value) -> Value {

@@ -32,8 +32,8 @@ use super::tools::upstream_name;
 use crate::config::{Config, Model};
 use crate::error::{write_json_str, ApiError};
 use crate::protocol::responses::{ResponsesItem, ResponsesPart};
-use crate::translate::chat::request::validate_image_url;
-use crate::translate::messages::rawjson::{self, is_array, is_string};
+use crate::translate::common::images::{check_vision, validate_image_url};
+use crate::translate::common::rawjson::{self, is_array, is_string};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -557,7 +557,7 @@ impl<'a> Conv<'a> {
                             "images by file_id are not supported by this gateway (it has no Files API); send image_url (a URL or a data: URL)",
                         ));
                     }
-                    check_vision(w, &pp)?;
+                    check_vision(w.model, w.config, w.client_model, &pp)?;
                     let ip = || format!("{}.image_url", pp());
                     let url_raw = req_str(p.image_url, &ip)?;
                     let url = rawjson::decode(url_raw).unwrap_or_default();
@@ -653,31 +653,6 @@ fn write_system(out: &mut Vec<u8>, pieces: &[Piece<'_>]) {
     } else {
         out.truncate(mark);
     }
-}
-
-fn check_vision(w: &Writing<'_>, param: &dyn Fn() -> String) -> Result<(), ApiError> {
-    if w.model.vision {
-        return Ok(());
-    }
-    let with: Vec<String> = w
-        .config
-        .models
-        .iter()
-        .filter(|m| m.vision)
-        .map(|m| format!("`{}`", m.slug))
-        .collect();
-    Err(invalid(
-        param(),
-        format!(
-            "model `{}` does not accept images; models with vision: {}",
-            w.client_model,
-            if with.is_empty() {
-                "none".to_owned()
-            } else {
-                with.join(", ")
-            }
-        ),
-    ))
 }
 
 fn item_kind(item: &ResponsesItem<'_>, param: &dyn Fn() -> String) -> Result<Kind, ApiError> {

@@ -28,12 +28,15 @@ mod options;
 mod tools;
 
 use super::{stored, ToolName};
-use crate::config::{Config, Model};
+use crate::config::Config;
 use crate::error::{ApiError, ErrorKind};
 use crate::protocol::responses::{ResponsesItem, ResponsesRequest, StoredResponseObject};
-use crate::translate::messages::rawjson::{self, is_array, is_string};
+use crate::translate::common::rawjson::{self, is_array, is_string};
+use crate::translate::common::request::{
+    body_error, bool_field, max_tokens_field, object_text, resolve_model, write_sampling,
+};
 use crate::translate::upstream_body::{self, Endpoint};
-use crate::translate::{UpstreamRequest, DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
+use crate::translate::{UpstreamRequest, MAX_OUTPUT_TOKENS};
 use input::Source;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -83,39 +86,13 @@ pub struct ResponsesTurn {
 }
 
 /// A 400 whose message starts with the offending field's path.
-pub(super) fn invalid(param: impl Into<String>, what: impl AsRef<str>) -> ApiError {
-    let param = param.into();
-    let message = format!("{param}: {}", what.as_ref());
-    ApiError::invalid(param, message)
-}
+pub(super) use crate::translate::common::request::invalid;
 
 /// Reads the body's top level, which must be a JSON object.
 pub fn parse_request(body: &[u8]) -> Result<Parsed<'_>, ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|e| ApiError::invalid_body(format!("the request body is not valid UTF-8: {e}")))?;
-    match text.bytes().find(|b| !b.is_ascii_whitespace()) {
-        None => {
-            return Err(ApiError::invalid_body(
-                "the request body is empty; send a JSON object",
-            ))
-        }
-        Some(b'{') => {}
-        Some(_) => {
-            return Err(ApiError::invalid_body(
-                "the request body must be a JSON object",
-            ))
-        }
-    }
-    let req: ResponsesRequest<'_> = serde_json::from_str(text).map_err(|e| {
-        let msg = if e.to_string().contains("recursion limit") {
-            "the request body is nested too deeply".to_owned()
-        } else if e.is_syntax() || e.is_eof() {
-            format!("the request body is not valid JSON: {e}")
-        } else {
-            format!("the request body is not a valid Responses request: {e}")
-        };
-        ApiError::invalid_body(msg)
-    })?;
+    let text = object_text(body)?;
+    let req: ResponsesRequest<'_> =
+        serde_json::from_str(text).map_err(|e| body_error(&e, "Responses"))?;
     let previous_response_id = match req.previous_response_id {
         None => None,
         Some(raw) => {
@@ -173,10 +150,10 @@ pub fn responses_to_upstream(
             ));
         }
     }
-    let stream = options::bool_field(req.stream, "stream")?.unwrap_or(false);
-    let store = options::bool_field(req.store, "store")?.unwrap_or(true);
+    let stream = bool_field(req.stream, "stream")?.unwrap_or(false);
+    let store = bool_field(req.store, "store")?.unwrap_or(true);
     let max_tokens = match req.max_output_tokens {
-        Some(raw) => options::max_output_tokens(raw)?,
+        Some(raw) => max_tokens_field(raw, "max_output_tokens")?,
         None => MAX_OUTPUT_TOKENS,
     };
     let encrypted_reasoning = options::include(req.include)?;
@@ -232,25 +209,11 @@ pub fn responses_to_upstream(
     tools::write_tools(&declared, &choice, &mut out);
     let prompt_bytes = messages_range.len() + (out.len() - tools_start);
 
-    out.extend_from_slice(b",\"max_tokens\":");
-    out.extend_from_slice(itoa::Buffer::new().format(max_tokens).as_bytes());
-    out.extend_from_slice(b",\"temperature\":");
-    match req.temperature {
-        Some(raw) => {
-            options::number_in(raw, "temperature", 0.0, 2.0, true)?;
-            out.extend_from_slice(raw.get().as_bytes());
-        }
-        None => out.extend_from_slice(DEFAULT_TEMPERATURE.to_string().as_bytes()),
-    }
-    if let Some(raw) = req.top_p {
-        options::number_in(raw, "top_p", 0.0, 1.0, false)?;
-        out.extend_from_slice(b",\"top_p\":");
-        out.extend_from_slice(raw.get().as_bytes());
-    }
+    write_sampling(&mut out, max_tokens, req.temperature, 2.0, req.top_p)?;
     options::write_text(req.text, &mut out)?;
     tools::write_choice(&choice, &declared, &mut out);
     if let Some(raw) = req.parallel_tool_calls {
-        let on = options::bool_field(Some(raw), "parallel_tool_calls")?;
+        let on = bool_field(Some(raw), "parallel_tool_calls")?;
         if declared.any_written(&choice) {
             out.extend_from_slice(b",\"parallel_tool_calls\":");
             out.extend_from_slice(if on == Some(false) { b"false" } else { b"true" });
@@ -294,25 +257,6 @@ pub fn responses_to_upstream(
         store,
         conversation,
     })
-}
-
-/// `model`: required; a slug or an alias of one.
-fn resolve_model<'a, 'c>(
-    raw: Option<&'a RawValue>,
-    config: &'c Config,
-) -> Result<(Cow<'a, str>, &'c Model), ApiError> {
-    let raw = raw.ok_or_else(|| invalid("model", "is required"))?;
-    let name = rawjson::decode(raw).ok_or_else(|| invalid("model", "must be a string"))?;
-    let model = config.resolve_model(&name).ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::ModelNotFound,
-            format!(
-                "model `{name}` does not exist; valid models are {}",
-                config.slug_list()
-            ),
-        )
-    })?;
-    Ok((name, model))
 }
 
 /// A JSON array of items, each an object; errors name the first bad one.

@@ -8,9 +8,10 @@ use crate::error::ApiError;
 use crate::protocol::responses::{
     ResponsesFormat, ResponsesReasoning, ResponsesRequest, ResponsesText,
 };
-use crate::translate::messages::rawjson::{self, is_object, is_string};
+use crate::translate::common::rawjson::{self, is_object, is_string};
+use crate::translate::common::request::bool_field;
 use crate::translate::upstream_body;
-use crate::translate::{DEFAULT_TEMPERATURE, MAX_OUTPUT_TOKENS};
+use crate::translate::DEFAULT_TEMPERATURE;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 
@@ -26,55 +27,6 @@ const INCLUDABLE: &[&str] = &[
     "web_search_call.action.sources",
     "web_search_call.results",
 ];
-
-pub(super) fn bool_field(raw: Option<&RawValue>, param: &str) -> Result<Option<bool>, ApiError> {
-    match raw.map(RawValue::get) {
-        None => Ok(None),
-        Some("true") => Ok(Some(true)),
-        Some("false") => Ok(Some(false)),
-        Some(_) => Err(invalid(param, "must be true or false")),
-    }
-}
-
-/// A finite number in `[min, max]` (`(min, max]` unless `min_inclusive`).
-pub(super) fn number_in(
-    raw: &RawValue,
-    param: &str,
-    min: f64,
-    max: f64,
-    min_inclusive: bool,
-) -> Result<f64, ApiError> {
-    let range = if min_inclusive {
-        format!("between {min} and {max}")
-    } else {
-        format!("above {min} and at most {max}")
-    };
-    let bad = || invalid(param, format!("must be a number {range}"));
-    let v: serde_json::Number = serde_json::from_str(raw.get()).map_err(|_| bad())?;
-    let f = v.as_f64().filter(|f| f.is_finite()).ok_or_else(bad)?;
-    let above_min = if min_inclusive { f >= min } else { f > min };
-    if !above_min || f > max {
-        return Err(bad());
-    }
-    Ok(f)
-}
-
-/// `max_output_tokens`: an integer ≥ 1; larger than the maximum is clamped to it.
-pub(super) fn max_output_tokens(raw: &RawValue) -> Result<u32, ApiError> {
-    let bad = || invalid("max_output_tokens", "must be an integer of at least 1");
-    let v: serde_json::Number = serde_json::from_str(raw.get()).map_err(|_| bad())?;
-    let n = match (v.as_u64(), v.as_i64(), v.as_f64()) {
-        (Some(n), _, _) => n,
-        (None, Some(_), _) => 0,
-        // An integer too large for u64 (serde reads it as a float).
-        (None, None, Some(f)) if !raw.get().contains(['.', 'e', 'E']) && f >= 1.0 => u64::MAX,
-        _ => return Err(bad()),
-    };
-    if n == 0 {
-        return Err(bad());
-    }
-    Ok(u32::try_from(n.min(u64::from(MAX_OUTPUT_TOKENS))).unwrap_or(MAX_OUTPUT_TOKENS))
-}
 
 /// `include`: an array of the API's values; returns whether reasoning is to be echoed in
 /// `encrypted_content`.

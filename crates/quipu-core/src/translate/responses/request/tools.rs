@@ -21,8 +21,8 @@ use super::super::{ToolName, NAMESPACE_SEPARATOR};
 use super::invalid;
 use crate::error::{write_json_str, ApiError};
 use crate::protocol::responses::{ResponsesTool, ResponsesToolChoice};
-use crate::translate::messages::prompt::{shorten_tool_name, MAX_TOOL_NAME};
-use crate::translate::messages::rawjson::{self, is_array, is_object, is_string};
+use crate::translate::common::rawjson::{self, is_array, is_object, is_string};
+use crate::translate::common::tool_names::{shorten_tool_name, MAX_TOOL_NAME};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 

@@ -7,18 +7,12 @@
 //! `tests/conformance.rs`).
 
 use super::*;
-use crate::config::Config;
 use crate::error::{ApiError, ErrorKind};
 use crate::testing::{replay, Replay};
+use crate::translate::test_support::{completion, config, events, fixture, names, param, sse};
 use crate::translate::{ResponseContext, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
 use serde_json::{json, Value};
-use std::sync::OnceLock;
-
-fn config() -> &'static Config {
-    static C: OnceLock<Config> = OnceLock::new();
-    C.get_or_init(|| Config::parse(crate::config::EMBEDDED_DEFAULT, "embedded").unwrap())
-}
 
 fn base(input: Value) -> Value {
     json!({"model": "aguila", "input": input})
@@ -44,13 +38,6 @@ fn reject(v: &Value) -> ApiError {
             String::from_utf8_lossy(&r.upstream.body)
         ),
         Err(e) => e,
-    }
-}
-
-fn param(e: &ApiError) -> &str {
-    match &e.kind {
-        ErrorKind::InvalidRequest { param: Some(p) } => p,
-        other => panic!("not a field error: {other:?} {}", e.message),
     }
 }
 
@@ -95,28 +82,12 @@ fn nonstream(body: &Value) -> Result<(Value, Usage), ApiError> {
     nonstream_with(body, &ctx())
 }
 
-fn completion(message: Value, finish: &str, usage: Value) -> Value {
-    json!({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": UPSTREAM_MODEL,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": null}],
-        "usage": usage})
-}
-
 fn stream_with(input: &str, ctx: ResponsesContext) -> Replay {
     replay(&mut ResponsesStream::new(ctx), &[input.as_bytes()])
 }
 
 fn stream(input: &str) -> Replay {
     stream_with(input, ctx())
-}
-
-/// `data: …\n\n` for each chunk, then `data: [DONE]`.
-fn sse(chunks: &[Value]) -> String {
-    let mut s = String::new();
-    for c in chunks {
-        s.push_str(&format!("data: {c}\n\n"));
-    }
-    s.push_str("data: [DONE]\n\n");
-    s
 }
 
 fn chunk(delta: Value, finish: Value) -> Value {
@@ -129,35 +100,6 @@ fn usage_chunk(prompt: u64, completion: u64, cached: u64) -> Value {
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                   "total_tokens": prompt + completion,
                   "prompt_tokens_details": {"cached_tokens": cached}}})
-}
-
-fn events(bytes: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(bytes).unwrap();
-    text.split("\n\n")
-        .filter(|f| !f.is_empty())
-        .map(|f| {
-            let (ev, data) = f.split_once('\n').unwrap();
-            (
-                ev.strip_prefix("event: ").unwrap().to_owned(),
-                serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap(),
-            )
-        })
-        .collect()
-}
-
-fn names(bytes: &[u8]) -> Vec<String> {
-    events(bytes).into_iter().map(|(n, _)| n).collect()
-}
-
-macro_rules! fixture {
-    ($name:literal) => {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../tests/fixtures/streams/",
-            $name,
-            ".sse"
-        ))
-    };
 }
 
 // The topics come last: `fixture!` above must be defined before them.
