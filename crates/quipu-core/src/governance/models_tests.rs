@@ -72,7 +72,15 @@ fn globs_match_slugs_and_alias_patterns() {
 
 #[test]
 fn an_entry_that_names_nothing_is_refused_with_the_models_there_are() {
-    for bad in ["apu2", "claude", "x*", "gpt-4", "?", "????????", "colibri,gpt-5"] {
+    for bad in [
+        "apu2",
+        "claude",
+        "x*",
+        "gpt-4",
+        "?",
+        "????????",
+        "colibri,gpt-5",
+    ] {
         let list = ModelList::parse(bad).unwrap();
         let err = list.validate(&catalog()).unwrap_err();
         let entry = bad.rsplit(',').next().unwrap();
@@ -94,7 +102,9 @@ fn an_entry_that_names_nothing_is_refused_with_the_models_there_are() {
 #[test]
 fn list_form_is_checked() {
     assert_eq!(
-        ModelList::parse(" colibri ,aguila,colibri").unwrap().entries(),
+        ModelList::parse(" colibri ,aguila,colibri")
+            .unwrap()
+            .entries(),
         ["colibri", "aguila"]
     );
     assert_eq!(
@@ -158,7 +168,12 @@ fn the_shipped_configuration_resolves_as_the_gateway_does() {
     let cat = Catalog::of(&config);
     let a = ModelList::parse("claude-opus-*").unwrap().compile(&cat);
     assert_eq!(a.slugs(), ["apu"]);
-    for name in ["claude-opus-4-5", "claude-sonnet-4-5", "claude-haiku-4-5", "colibri"] {
+    for name in [
+        "claude-opus-4-5",
+        "claude-sonnet-4-5",
+        "claude-haiku-4-5",
+        "colibri",
+    ] {
         let slug = config.resolve_model(name).unwrap().slug.as_str();
         assert_eq!(a.check(name, slug).is_ok(), slug == "apu", "{name}");
     }

@@ -98,7 +98,11 @@ impl Zone {
     /// outside the accepted instants.
     pub fn local_minute(self, at_ms: i64) -> Option<String> {
         let utc = instant(at_ms).ok()?;
-        Some(utc.with_timezone(&self.0).format("%Y-%m-%d %H:%M").to_string())
+        Some(
+            utc.with_timezone(&self.0)
+                .format("%Y-%m-%d %H:%M")
+                .to_string(),
+        )
     }
 
     /// `2026-11-28 00:00 America/Lima`: [`Zone::local_minute`] followed by the zone's name,
@@ -235,7 +239,11 @@ impl PeriodSpan {
                 let back = Days::new(u64::from(today.weekday().num_days_from_monday()));
                 let monday = today.checked_sub_days(back).ok_or_else(out_of_range)?;
                 let next = monday.checked_add_days(Days::new(7));
-                (monday, next.ok_or_else(out_of_range)?, PeriodKey::Week(monday))
+                (
+                    monday,
+                    next.ok_or_else(out_of_range)?,
+                    PeriodKey::Week(monday),
+                )
             }
             CapPeriod::Month => {
                 let first = today.with_day(1).ok_or_else(out_of_range)?;

@@ -4,7 +4,9 @@ const HOUR: i64 = 3_600_000;
 
 /// Milliseconds of a UTC time written as RFC 3339.
 fn utc(text: &str) -> i64 {
-    DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis()
+    DateTime::parse_from_rfc3339(text)
+        .unwrap()
+        .timestamp_millis()
 }
 
 fn zone(name: &str) -> Zone {
@@ -54,7 +56,11 @@ fn lima_days_weeks_and_months() {
     assert_eq!(december.key().to_string(), "month:2026-12");
     assert_eq!(december.end_ms, Some(utc("2027-01-01T05:00:00Z")));
     // New Year's Eve at 23:00 UTC is 18:00 in Lima, but 1 January in Madrid.
-    let madrid = span(CapPeriod::Month, zone("Europe/Madrid"), "2026-12-31T23:00:00Z");
+    let madrid = span(
+        CapPeriod::Month,
+        zone("Europe/Madrid"),
+        "2026-12-31T23:00:00Z",
+    );
     assert_eq!(madrid.key().to_string(), "month:2027-01");
 }
 
@@ -120,7 +126,11 @@ fn a_day_whose_midnight_is_skipped_or_repeated() {
         (utc("2026-11-01T04:00:00Z"), utc("2026-11-02T05:00:00Z"))
     );
     // Chile springs forward at midnight too (2026-09-06, 04:00 UTC).
-    let santiago = span(CapPeriod::Day, zone("America/Santiago"), "2026-09-06T12:00:00Z");
+    let santiago = span(
+        CapPeriod::Day,
+        zone("America/Santiago"),
+        "2026-09-06T12:00:00Z",
+    );
     assert_eq!(santiago.start_ms, Some(utc("2026-09-06T04:00:00Z")));
 }
 
@@ -140,7 +150,13 @@ fn iso_weeks_are_keyed_by_their_week_year() {
 
 #[test]
 fn consecutive_periods_tile_time_in_every_zone() {
-    for name in ["America/Lima", "Europe/Madrid", "America/Havana", "UTC", "Asia/Kolkata"] {
+    for name in [
+        "America/Lima",
+        "Europe/Madrid",
+        "America/Havana",
+        "UTC",
+        "Asia/Kolkata",
+    ] {
         let z = zone(name);
         for period in [CapPeriod::Day, CapPeriod::Week, CapPeriod::Month] {
             let mut now = utc("2025-12-20T00:00:00Z");
@@ -203,11 +219,18 @@ fn names_are_parsed_with_clear_errors() {
         err.to_string(),
         "a budget period is day, week, month or total, not \"daily\""
     );
-    assert_eq!(Zone::parse("Europe/Madrid").unwrap().name(), "Europe/Madrid");
+    assert_eq!(
+        Zone::parse("Europe/Madrid").unwrap().name(),
+        "Europe/Madrid"
+    );
     assert_eq!(Zone::default(), Zone::LIMA);
     assert_eq!(Zone::LIMA.to_string(), "America/Lima");
     let err = Zone::parse("Lima").unwrap_err();
-    assert!(err.to_string().contains("\"Lima\" is not an IANA time zone"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("\"Lima\" is not an IANA time zone"),
+        "{err}"
+    );
     assert!(Zone::parse("").is_err());
 }
 
@@ -227,7 +250,13 @@ fn instants_outside_1970_to_9999_are_refused() {
 
 #[test]
 fn period_keys_round_trip_and_reject_the_rest() {
-    for text in ["day:2026-11-27", "week:2026-W48", "month:2026-11", "total", "week:2026-W53"] {
+    for text in [
+        "day:2026-11-27",
+        "week:2026-W48",
+        "month:2026-11",
+        "total",
+        "week:2026-W53",
+    ] {
         assert_eq!(PeriodKey::parse(text).unwrap().to_string(), text);
     }
     assert_eq!(
@@ -235,8 +264,17 @@ fn period_keys_round_trip_and_reject_the_rest() {
         CapPeriod::Week
     );
     for bad in [
-        "", "day", "day:2026-11-31", "day:2026-1-27", "week:2025-W53", "week:2026-48",
-        "month:2026-13", "month:26-11", "year:2026", "day:+2026-11-27", "Total",
+        "",
+        "day",
+        "day:2026-11-31",
+        "day:2026-1-27",
+        "week:2025-W53",
+        "week:2026-48",
+        "month:2026-13",
+        "month:26-11",
+        "year:2026",
+        "day:+2026-11-27",
+        "Total",
     ] {
         assert_eq!(
             PeriodKey::parse(bad),
