@@ -63,8 +63,19 @@ impl fmt::Display for CapError {
 impl std::error::Error for CapError {}
 
 /// Whose cap it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum CapOwner {
     /// The key's own cap.
     Key,

@@ -15,3 +15,4 @@ pub mod key_policy;
 pub mod models;
 pub mod periods;
 pub mod self_service;
+pub mod webhooks;

@@ -29,8 +29,20 @@ use std::fmt;
 pub const MAX_INSTANT_MS: i64 = 253_402_300_799_999;
 
 /// How often a spend cap starts over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumIter)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[strum(serialize_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum CapPeriod {
     /// A calendar day in the zone.
     Day,
