@@ -6,6 +6,8 @@
 //! - [`error`]: one client-visible error type, rendered in each client format.
 //! - [`money`]: exact amounts in soles (pico-soles in an `i128`) and rates.
 //! - [`billing`]: billing policy — what a request reserves, how it settles, price rules.
+//! - [`governance`]: what a key or tenant may do — model lists, spend caps and their periods,
+//!   expiry, self-service limits — and the webhooks that tell about it.
 //! - [`usage`]: token usage and where each protocol's fields come from.
 //! - [`sse`]: the incremental Server-Sent Events decoder and encoders.
 //! - [`h1`]: HTTP/1.1 response framing for the upstream client (head, chunked bodies).
@@ -28,6 +30,7 @@ pub mod ascii;
 pub mod billing;
 pub mod config;
 pub mod error;
+pub mod governance;
 pub mod h1;
 pub mod money;
 pub mod protocol;

@@ -18,7 +18,8 @@
 //! machine — reservations, charges not yet written, the lease as the store last read it — that
 //! the I/O layer drives, with its invariants proven over every interleaving (`book_model`).
 //!
-//! [`display`] writes amounts for people (`S/ 1,234.56`, or the exact figure under a céntimo).
+//! [`display`] writes amounts for people (`S/ 1,234.56`; under a céntimo the exact figure, or
+//! its significant digits).
 //! The exact unit itself ([`crate::money::Pen`], [`crate::money::Rate`]) lives in
 //! [`crate::money`].
 
