@@ -454,6 +454,21 @@ def operations() -> dict:
     b.add(timeseries("Retries on another replica", "Requests retried on another replica before any byte reached the client, per second by model (quipu_upstream_retries_total).",
                      [(f"sum by (model) ({rate('quipu_upstream_retries_total', M)})", "{{model}}")], "ops"), 8, 8)
 
+    b.row("Queue (saturated models)")
+    b.add(timeseries("Queue depth", "Requests waiting in Quipu for a slot of a model with max_concurrency, by model and priority (quipu_queue_depth). Nothing waits inside the engines' own queues meanwhile.",
+                     [(f"sum by (model, priority) (quipu_queue_depth{{{M}}})", "{{model}} {{priority}}")], "short", stack=True), 8, 8)
+    b.add(timeseries("Queue wait", "Time from arrival to dispatch of requests to scheduled models (quipu_queue_wait_seconds; 0 when a slot was free), p50/p95/p99.",
+                     quantiles("quipu_queue_wait_seconds", M), "s"), 8, 8)
+    b.add(timeseries("Queue rejections by reason", "Requests the queue did not run, per second: tenant_queue_full and timeout (429 queue_full), cluster_overloaded and no_replica (503/529), cancelled (the client left while waiting; charged nothing) (quipu_queue_rejections_total).",
+                     [(f"sum by (reason) ({rate('quipu_queue_rejections_total', M)})", "{{reason}}")], "ops", stack=True), 8, 8)
+    b.add(timeseries("Dispatches by placement", "Requests the queue started per second: preferred (the replica holding the prompt's prefix), spilled (elsewhere after the affinity wait), balanced (no preference) (quipu_dispatches_total).",
+                     [(f"sum by (placement) ({rate('quipu_dispatches_total', M)})", "{{placement}}")], "ops", stack=True), 8, 8)
+    b.add(timeseries("Slots in use and capacity per replica", "Slots of each scheduled replica in use as the scheduler counts them (quipu_replica_slots_in_use) against the slots this gateway may use (quipu_replica_slots: max_concurrency, or its share).",
+                     [(f"sum by (model, replica) (quipu_replica_slots_in_use{{{M}}})", "{{model}} {{replica}} in use"),
+                      (f"sum by (model, replica) (quipu_replica_slots{{{M}}})", "{{model}} {{replica}} slots")], "short"), 8, 8)
+    b.add(timeseries("Engine-reported requests", "Requests each engine reports running and waiting in its own scheduler (its /metrics, read every scheduling.load_interval_ms: quipu_engine_requests). Waiting should stay near 0: Quipu holds the queue.",
+                     [(f"sum by (model, replica, state) (quipu_engine_requests{{{M}}})", "{{model}} {{replica}} {{state}}")], "short"), 8, 8)
+
     b.row("Gateways")
     b.add(timeseries("Requests by gateway", "Requests per second answered by each gateway process (the `instance` Prometheus scrapes): how the balancer spreads traffic over the replicas; every other panel sums over them.",
                      [(f"sum by (instance) ({rate(req, M)})", "{{instance}}")], "reqps", stack=True), 12, 8)

@@ -28,6 +28,10 @@ pub struct Principal {
     pub tenant_id: TenantId,
     pub tenant_name: String,
     pub limits: KeyLimits,
+    /// The tenant's share of a saturated model (weighted fair queueing; default 1).
+    pub weight: std::num::NonZeroU32,
+    /// The key's requests run only on capacity interactive traffic leaves free.
+    pub batch: bool,
 }
 
 /// An authenticated caller, as the key snapshot holds it: who it is, and the state kept per
@@ -101,6 +105,8 @@ impl KeySnapshot {
                             tenant_id: k.tenant_id,
                             tenant_name: k.tenant_name,
                             limits: k.limits,
+                            weight: std::num::NonZeroU32::MIN,
+                            batch: false,
                         },
                         windows: Windows { key, tenant },
                         meters: TenantMeters::new(self.models),

@@ -12,8 +12,8 @@
 //! each kind of change goes.
 
 pub use quipu_core::{
-    account, ascii, config, error, h1, money, protocol, route, sse, translate, upstream_profile,
-    usage,
+    account, ascii, config, error, governance, h1, money, protocol, route, schedule, sse,
+    translate, upstream_profile, usage,
 };
 
 pub mod admin;

@@ -244,7 +244,11 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
 
     let mut pools = Vec::with_capacity(config.models.len());
     for model in &config.models {
-        pools.push(ModelPool::new(model, upstream_tls(model)?));
+        pools.push(ModelPool::new(
+            model,
+            upstream_tls(model)?,
+            &config.scheduling,
+        )?);
     }
     let pools = Arc::new(pools);
     let dns =
@@ -253,6 +257,14 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         pools.clone(),
         config.models.clone(),
     ));
+    billing_rt.spawn(crate::upstream::load::run(
+        pools.clone(),
+        config.models.clone(),
+        config.scheduling,
+    ));
+    for dispatcher in pools.iter().filter_map(|p| p.dispatcher.clone()) {
+        billing_rt.spawn(dispatcher.run_timer());
+    }
     billing_rt.spawn(crate::upstream::resolve::follow(
         pools.clone(),
         dns,

@@ -213,6 +213,42 @@ metrics! {
         "Prefix-affinity routing outcomes: hit (sent to the replica holding the prefix), overloaded, miss",
         &["model", "outcome"],
     );
+    queue_depth: IntGaugeVec = gauge_vec(
+        "quipu_queue_depth",
+        "Requests waiting in the queue of a scheduled model, by priority (a promoted batch request counts as interactive)",
+        &["model", "priority"],
+    );
+    queue_wait_seconds: HistogramVec = hist(
+        "quipu_queue_wait_seconds",
+        "Time from a request's arrival at a scheduled model's queue to its dispatch (0 when a slot was free)",
+        TTFT_BUCKETS,
+        &["model", "priority"],
+    );
+    dispatches: IntCounterVec = counter(
+        "quipu_dispatches_total",
+        "Requests a scheduled model's queue started, by placement: preferred (its cache-warm replica), spilled (elsewhere after the affinity wait), balanced (no preference)",
+        &["model", "placement"],
+    );
+    queue_rejections: IntCounterVec = counter(
+        "quipu_queue_rejections_total",
+        "Requests a scheduled model's queue did not run, by reason: tenant_queue_full and timeout (429), cluster_overloaded and no_replica (503/529), cancelled (the client left while queued)",
+        &["model", "reason"],
+    );
+    slots_in_use: IntGaugeVec = gauge_vec(
+        "quipu_replica_slots_in_use",
+        "Slots of a scheduled replica in use, as the scheduler counts them (the engine's own report, or this gateway's requests)",
+        &["model", "replica"],
+    );
+    slots: IntGaugeVec = gauge_vec(
+        "quipu_replica_slots",
+        "Slots of a scheduled replica this gateway may use (max_concurrency, or its share of it)",
+        &["model", "replica"],
+    );
+    engine_load: IntGaugeVec = gauge_vec(
+        "quipu_engine_requests",
+        "Requests a replica's engine reports in its own scheduler (its /metrics), by state: running, waiting",
+        &["model", "replica", "state"],
+    );
     client_disconnects: IntCounterVec = counter(
         "quipu_client_disconnects_total",
         "Clients that went away before their response was complete",

@@ -69,6 +69,8 @@ pub struct UpstreamTrace {
     pub time: Duration,
     /// Arrival of the first generated chunk (streams only).
     pub ttft: Option<Duration>,
+    /// Time spent waiting in a saturated model's queue (see `queue`).
+    pub queued: Duration,
 }
 
 /// The money side of an admitted request: what is reserved, and where it is billed — also
@@ -133,6 +135,9 @@ pub struct RequestCtx {
     /// `serve` (API routes): this request's in-flight slot, released when `finish` ends or, if
     /// it never runs, when the context is dropped.
     pub(super) in_flight: Option<InFlight>,
+    /// `queue`: a stream's `200` head went out while it waited for a slot; every failure from
+    /// then on is an error event in the stream.
+    pub head_sent: bool,
 }
 
 impl RequestCtx {
@@ -152,6 +157,7 @@ impl RequestCtx {
             charged: Pen::ZERO,
             responses: None,
             in_flight: None,
+            head_sent: false,
         }
     }
 }

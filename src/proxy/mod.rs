@@ -28,6 +28,7 @@ mod count;
 pub mod ctx;
 mod local;
 mod observe;
+mod queue;
 pub mod relay;
 pub mod respond;
 pub mod responses;
@@ -298,11 +299,18 @@ impl Gateway {
                     return false;
                 };
                 ctx.ending.error = Some(error.kind.label());
-                ctx.ending.status = error.status(ctx.format);
-                if f.body_unread && !body::drain(session, &self.config.server).await {
-                    session.set_keepalive(None);
+                if ctx.head_sent {
+                    // The stream's `200` went out while it waited in a queue: the error is an
+                    // event of that stream.
+                    ctx.ending.status = 200;
+                    respond::stream_error(session, &ctx.request_id, ctx.format, &error).await
+                } else {
+                    ctx.ending.status = error.status(ctx.format);
+                    if f.body_unread && !body::drain(session, &self.config.server).await {
+                        session.set_keepalive(None);
+                    }
+                    respond::error(session, &ctx.request_id, ctx.format, &error).await
                 }
-                respond::error(session, &ctx.request_id, ctx.format, &error).await
             }
         };
         match written {

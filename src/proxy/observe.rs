@@ -97,6 +97,10 @@ fn access_log(gw: &Gateway, ctx: &RequestCtx, error: &str, elapsed: std::time::D
             .display("charge_pen", ctx.charged.decimal())
             .millis("latency_ms", Some(elapsed))
             .millis("ttft_ms", ctx.upstream.ttft)
+            .millis(
+                "queue_ms",
+                (!ctx.upstream.queued.is_zero()).then_some(ctx.upstream.queued),
+            )
             .str("replica", replica)
             .num("attempts", ctx.upstream.attempts.into());
     });

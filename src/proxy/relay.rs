@@ -13,7 +13,7 @@
 //! `idle_ms` between chunks. Retries on another replica share the deadline of the request they retry.
 
 use super::stream;
-use super::{Failure, Gateway, Outcome, Reply, RequestCtx};
+use super::{queue, Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::h1::Method;
 use crate::http::client::{self, Call, UpstreamError, UpstreamResponse};
@@ -78,20 +78,62 @@ fn chat_context(gw: &Gateway, base: ResponseContext, client_wants_usage: bool) -
     }
 }
 
-/// Picks replicas and sends until one answers (see the module docs for what is retried).
+/// The next replica for `req` not in `tried`: picked at once, or, for a scheduled model, the
+/// slot its queue grants (`queue`). `Ok(None)`: no replica can take it.
+async fn next_replica<'g>(
+    gw: &'g Gateway,
+    session: &mut ServerSession,
+    ctx: &mut RequestCtx,
+    req: &UpstreamRequest,
+    prompt_blocks: &[u64],
+    tried: &mut Vec<usize>,
+    place: &mut queue::Place,
+) -> Result<Option<ReplicaGuard<'g>>, Failure> {
+    let pool = &gw.pools[req.model];
+    let Some(dispatcher) = pool.dispatcher.as_deref() else {
+        return Ok(pool.pick(prompt_blocks, tried));
+    };
+    // A replica the queue chose that became unusable meanwhile is skipped like a failed one.
+    while tried.len() < pool.replicas.len() {
+        let granted = queue::slot(
+            gw,
+            session,
+            ctx,
+            pool,
+            dispatcher,
+            req,
+            prompt_blocks,
+            tried,
+            place,
+        )
+        .await?;
+        match granted {
+            queue::Granted::Guard(guard) => return Ok(Some(guard)),
+            queue::Granted::Unusable(i) => tried.push(i),
+        }
+    }
+    Ok(None)
+}
+
+/// Picks replicas and sends until one answers (see the module docs for what is retried). The
+/// deadline for the response header starts when the first attempt is sent (a wait in a
+/// saturated model's queue does not eat it), and is returned for the rest of the phase.
 async fn send<'g>(
     gw: &'g Gateway,
     session: &mut ServerSession,
     ctx: &mut RequestCtx,
     req: &UpstreamRequest,
     prompt_blocks: &[u64],
-    header_deadline: tokio::time::Instant,
-) -> Result<(UpstreamResponse, ReplicaGuard<'g>), Failure> {
+) -> Result<(UpstreamResponse, ReplicaGuard<'g>, tokio::time::Instant), Failure> {
     let model = &gw.config.models[req.model];
     let pool = &gw.pools[req.model];
     let mut tried: Vec<usize> = Vec::new();
+    let mut place = queue::Place::default();
+    let mut phase_deadline = None;
     loop {
-        let Some(guard) = pool.pick(prompt_blocks, &tried) else {
+        let next =
+            next_replica(gw, session, ctx, req, prompt_blocks, &mut tried, &mut place).await?;
+        let Some(guard) = next else {
             let msg = if tried.is_empty() {
                 format!(
                     "no healthy replica serves `{}` right now; retry shortly",
@@ -110,6 +152,16 @@ async fn send<'g>(
         }
         ctx.upstream.attempts += 1;
         ctx.upstream.replica = Some(guard.index);
+        // One deadline for the phase that ends with the first body byte (stream) or with the
+        // whole body (non-stream), from the first attempt; see the module docs.
+        let header_deadline = *phase_deadline.get_or_insert_with(|| {
+            let now = tokio::time::Instant::now();
+            if req.stream {
+                deadline(now, model.timeouts.first_byte)
+            } else {
+                deadline(now, model.timeouts.request)
+            }
+        });
         let target = guard.target();
         let call = Call {
             method: Method::Post,
@@ -151,7 +203,7 @@ async fn send<'g>(
                     ));
                 }
             }
-            Ok(resp) => return Ok((resp, guard)),
+            Ok(resp) => return Ok((resp, guard, header_deadline)),
             Err(UpstreamError::Timeout) => {
                 // Not a replica failure: a slow first byte is usually a long queue, and
                 // ejecting would push the load onto the others. Health checks catch hung ones.
@@ -199,15 +251,7 @@ pub async fn completion(
     } else {
         Vec::new()
     };
-    // One deadline for the phase that ends with the first body byte (stream) or with the whole
-    // body (non-stream); see the module docs.
-    let sent_at = tokio::time::Instant::now();
-    let phase_deadline = if req.stream {
-        deadline(sent_at, model.timeouts.first_byte)
-    } else {
-        deadline(sent_at, model.timeouts.request)
-    };
-    let (mut resp, guard) = match send(gw, session, ctx, &req, &blocks, phase_deadline).await {
+    let (mut resp, guard, phase_deadline) = match send(gw, session, ctx, &req, &blocks).await {
         Ok(sent) => sent,
         Err(f) => return f.into(),
     };

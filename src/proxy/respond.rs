@@ -96,6 +96,19 @@ async fn write_json(
     Ok(())
 }
 
+/// Ends a stream whose `200` is already out with `error` as the format's error event.
+pub async fn stream_error(
+    session: &mut ServerSession,
+    request_id: &str,
+    format: ClientFormat,
+    error: &ApiError,
+) -> pingora::Result<()> {
+    let mut out = Vec::with_capacity(256);
+    error.write_sse(format, request_id, &mut out);
+    session.write_response_body(Bytes::from(out), false).await?;
+    session.write_response_body(Bytes::new(), true).await
+}
+
 /// Commits a `200` event stream: chunked, not cached, not buffered by intermediaries.
 pub async fn stream_header(session: &mut ServerSession, request_id: &str) -> pingora::Result<()> {
     let mut h = base_header(200, request_id, 4)?;

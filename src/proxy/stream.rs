@@ -57,7 +57,8 @@ pub async fn relay(
     // Cleared after every write and reused; it grows once if a burst of events needs more. Kept
     // small because every open stream holds one.
     let mut out: Vec<u8> = Vec::with_capacity(1024);
-    let mut committed = false;
+    // A stream whose head went out while it waited in a queue is committed already.
+    let mut committed = ctx.head_sent;
     // Here the upstream's header has arrived with a 200: pings may start (module docs, *Pings*).
     let pings = translator.pings();
     let ping_every = gw.config.streaming.ping_interval;

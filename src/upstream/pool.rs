@@ -21,8 +21,9 @@
 //! old prefix, like a CPU cache. Prompts are hashed in 1 KiB blocks, each hash chained on the
 //! previous one, so "the same first N KiB" is a lookup per block, longest match wins.
 
+use super::dispatch::{Dispatcher, Slot};
 use super::health::PoolHealth;
-use crate::config::{Model, Replica, Routing};
+use crate::config::{Model, Replica, Routing, Scheduling};
 use crate::http::client::{Target, UpstreamError};
 use crate::http::upstream_tls::UpstreamTlsMaterial;
 use crate::metrics::m;
@@ -75,6 +76,8 @@ pub struct ModelPool {
     affinity: Box<[AtomicU64]>,
     /// `quipu_prefix_affinity_total` children: hit, overloaded, miss.
     affinity_outcomes: [OnceLock<IntCounter>; 3],
+    /// The queue of a model with `max_concurrency` (see [`super::dispatch`]).
+    pub dispatcher: Option<Arc<Dispatcher>>,
 }
 
 /// Why a replica was chosen (a metric label).
@@ -83,16 +86,19 @@ pub enum Pick {
     LeastLoaded,
     RoundRobin,
     Affinity,
+    /// A scheduled pool's queue chose it (see [`super::dispatch`]).
+    Scheduled,
 }
 
 impl Pick {
-    const COUNT: usize = 3;
+    const COUNT: usize = 4;
 
     pub fn as_str(self) -> &'static str {
         match self {
             Pick::LeastLoaded => "least_loaded",
             Pick::RoundRobin => "round_robin",
             Pick::Affinity => "affinity",
+            Pick::Scheduled => "scheduled",
         }
     }
 }
@@ -104,6 +110,8 @@ pub struct ReplicaGuard<'a> {
     pub pick: Pick,
     /// Its address when picked (only resolved replicas are picked).
     addr: SocketAddr,
+    /// Its place in a scheduled pool's slots, given back with the guard.
+    _slot: Option<Slot<'a>>,
 }
 
 impl ReplicaGuard<'_> {
@@ -175,8 +183,22 @@ pub fn block_hashes(prompt: &[u8]) -> Vec<u64> {
 }
 
 impl ModelPool {
-    /// Builds the pool of `model`; `tls` is its upstream TLS (loaded at start).
-    pub fn new(model: &Model, tls: Option<Arc<UpstreamTlsMaterial>>) -> ModelPool {
+    /// Builds the pool of `model`; `tls` is its upstream TLS (loaded at start), `scheduling`
+    /// the queue's knobs if the model has `max_concurrency`.
+    pub fn new(
+        model: &Model,
+        tls: Option<Arc<UpstreamTlsMaterial>>,
+        scheduling: &Scheduling,
+    ) -> Result<ModelPool, String> {
+        let dispatcher = match model.capacity.max_concurrency {
+            Some(n) => Some(Arc::new(Dispatcher::new(
+                &model.slug,
+                scheduling.scheduler,
+                &vec![Some(n); model.replicas.len()],
+                model.replicas.iter().map(|r| r.url.clone()).collect(),
+            )?)),
+            None => None,
+        };
         let replicas = model
             .replicas
             .iter()
@@ -197,7 +219,7 @@ impl ModelPool {
                 }
             })
             .collect();
-        ModelPool {
+        Ok(ModelPool {
             slug: model.slug.clone(),
             replicas,
             tls,
@@ -209,7 +231,8 @@ impl ModelPool {
             rr: AtomicUsize::new(0),
             affinity: (0..AFFINITY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             affinity_outcomes: Default::default(),
-        }
+            dispatcher,
+        })
     }
 
     /// A connect to replica `i` failed: if it is named, have the name resolved again now.
@@ -339,6 +362,44 @@ impl ModelPool {
         if self.routing == Routing::PrefixAffinity {
             self.affinity_record(prompt_blocks, index);
         }
+        self.take(index, pick, None)
+    }
+
+    /// The replica a scheduled pool's queue dispatched a request to, holding its `slot`;
+    /// `None` if it is no longer usable (it failed its health check or lost its address since).
+    pub fn pick_at<'a>(
+        &'a self,
+        slot: Slot<'a>,
+        prompt_blocks: &[u64],
+    ) -> Option<ReplicaGuard<'a>> {
+        let index = slot.dispatch.replica;
+        if index >= self.replicas.len() || !self.passes_checks(index) {
+            return None;
+        }
+        if self.routing == Routing::PrefixAffinity {
+            self.affinity_record(prompt_blocks, index);
+        }
+        self.take(index, Pick::Scheduled, Some(slot))
+    }
+
+    /// The replica whose prefix cache holds this prompt's beginning, for the queue's affinity.
+    pub fn preferred(&self, prompt_blocks: &[u64]) -> Option<usize> {
+        if self.routing != Routing::PrefixAffinity {
+            return None;
+        }
+        let i = self.affinity_lookup(prompt_blocks)?;
+        let found = if self.is_available(i) { "hit" } else { "miss" };
+        self.affinity_outcome(usize::from(found == "miss") * 2, found);
+        Some(i)
+    }
+
+    /// Counts replica `index` in flight and hands out its guard.
+    fn take<'a>(
+        &'a self,
+        index: usize,
+        pick: Pick,
+        slot: Option<Slot<'a>>,
+    ) -> Option<ReplicaGuard<'a>> {
         let r = &self.replicas[index];
         // Candidates are resolved, and an address, once known, is only ever replaced.
         let addr = self.addr(index)?;
@@ -358,6 +419,7 @@ impl ModelPool {
             index,
             pick,
             addr,
+            _slot: slot,
         })
     }
 
@@ -411,7 +473,7 @@ mod tests {
             1,
         );
         let c = Config::parse(&text, "t").unwrap();
-        ModelPool::new(&c.models[0], None)
+        ModelPool::new(&c.models[0], None, &c.scheduling).unwrap()
     }
 
     #[test]
@@ -497,7 +559,7 @@ mod tests {
             1,
         );
         let c = Config::parse(&text, "t").unwrap();
-        let p = ModelPool::new(&c.models[0], None);
+        let p = ModelPool::new(&c.models[0], None, &c.scheduling).unwrap();
         assert!(!p.is_available(0) && p.is_available(1));
         assert_eq!(p.pick(&[], &[]).unwrap().index, 1);
         assert!(matches!(p.target(0), Err(UpstreamError::Connect(_))));

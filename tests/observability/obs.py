@@ -261,6 +261,10 @@ class Stack:
         )
         # apu at S/ 2,000 per million output tokens: max_tokens=8192 (the clamp) reserves S/ 16.38 > S/ 10.
         gw.config_text = gw.config_text.replace('output = "12.00"', 'output = "2000.00"')
+        # aguila is scheduled: two slots, a queue of one per tenant (the queue's metrics).
+        gw.config_text = gw.config_text.replace(
+            'upstream_model = "upstream-aguila"', 'upstream_model = "upstream-aguila"\nmax_concurrency = 2')
+        gw.config_text += "\n[scheduling]\ntenant_queue_cap = 1\nload_interval_ms = 200\n"
         gw.config_path.write_text(gw.config_text)
         self.gw = gw.start()
         self.keys["acme"] = gw.new_tenant("acme")[1]
@@ -379,6 +383,13 @@ def drive_traffic(stack: Stack, nonce: str = "") -> dict[str, int]:
     note("timeout", _chat(gw, acme, "[[sim: ttfb_ms=2500]]", stream=True))
     _disconnect_mid_stream(gw, acme)
     note("client disconnect", 0)
+
+    # aguila saturated by one tenant: two run, one waits in the queue, one is refused (429).
+    with cf.ThreadPoolExecutor(4) as pool:
+        queued = list(pool.map(
+            lambda i: _chat(gw, andes, f"cola {i} [[sim: tokens=20 delay_ms=40]]", model="aguila", stream=True),
+            range(4)))
+    note("queue", sorted(r[0] for r in queued)[-1])
 
     # A few concurrent streams, so in-flight gauges and open streams are above zero while scraped.
     with cf.ThreadPoolExecutor(6) as pool:

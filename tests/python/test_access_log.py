@@ -12,7 +12,7 @@ from harness import ADMIN_TOKEN, Gateway, http_json
 
 FIELDS = (
     "request_id route format tenant key model status outcome error in cached out charge_pen "
-    "latency_ms ttft_ms replica attempts"
+    "latency_ms ttft_ms queue_ms replica attempts"
 ).split()
 
 

@@ -16,6 +16,7 @@
 //! | `ResponseNotFound` | 404 | `not_found_error` | `invalid_request_error` / `response_not_found` |
 //! | `InsufficientBalance` | 402 | `billing_error` | `insufficient_quota` / `insufficient_quota` |
 //! | `RateLimited` | 429 | `rate_limit_error` | `rate_limit_error` / `rate_limit_exceeded` |
+//! | `QueueFull` | 429 | `rate_limit_error` | `rate_limit_error` / `queue_full` |
 //! | `RequestTooLarge` | 413 | `request_too_large` | `invalid_request_error` / `request_too_large` |
 //! | `HeadersTooLarge` | 431 | `invalid_request_error` | `invalid_request_error` / `request_header_fields_too_large` |
 //! | `Overloaded` | 529 / 503 (messages / others) | `overloaded_error` | `server_error` / `upstream_unavailable` |
@@ -92,6 +93,9 @@ pub enum ErrorKind {
     InsufficientBalance,
     /// A per-key or per-tenant limit was hit; `retry_after` is in whole seconds.
     RateLimited { retry_after: u64 },
+    /// The tenant's own queue for a saturated model is full, or its request waited there
+    /// longer than `queue_timeout` (see `schedule`).
+    QueueFull { retry_after: u64 },
     /// The request body is over the configured limit.
     RequestTooLarge,
     /// The request head (request line and headers) is over the configured limit.
@@ -120,7 +124,7 @@ impl ErrorKind {
             ErrorKind::RouteNotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::InsufficientBalance => 402,
-            ErrorKind::RateLimited { .. } => 429,
+            ErrorKind::RateLimited { .. } | ErrorKind::QueueFull { .. } => 429,
             ErrorKind::RequestTooLarge => 413,
             ErrorKind::HeadersTooLarge => 431,
             ErrorKind::Overloaded { .. } => match format {
@@ -145,7 +149,7 @@ impl ErrorKind {
             ErrorKind::RouteNotFound => "not_found_error",
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::InsufficientBalance => "billing_error",
-            ErrorKind::RateLimited { .. } => "rate_limit_error",
+            ErrorKind::RateLimited { .. } | ErrorKind::QueueFull { .. } => "rate_limit_error",
             ErrorKind::RequestTooLarge => "request_too_large",
             ErrorKind::HeadersTooLarge => "invalid_request_error",
             ErrorKind::Overloaded { .. } => "overloaded_error",
@@ -170,6 +174,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => ("invalid_request_error", Some("method_not_allowed")),
             ErrorKind::InsufficientBalance => ("insufficient_quota", Some("insufficient_quota")),
             ErrorKind::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
+            ErrorKind::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
             ErrorKind::RequestTooLarge => ("invalid_request_error", Some("request_too_large")),
             ErrorKind::HeadersTooLarge => (
                 "invalid_request_error",
@@ -186,9 +191,9 @@ impl ErrorKind {
     /// Seconds the client should wait before retrying, for the kinds that carry one.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            ErrorKind::RateLimited { retry_after } | ErrorKind::Overloaded { retry_after } => {
-                Some(*retry_after)
-            }
+            ErrorKind::RateLimited { retry_after }
+            | ErrorKind::QueueFull { retry_after }
+            | ErrorKind::Overloaded { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -212,6 +217,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::InsufficientBalance => "insufficient_balance",
             ErrorKind::RateLimited { .. } => "rate_limited",
+            ErrorKind::QueueFull { .. } => "queue_full",
             ErrorKind::RequestTooLarge => "request_too_large",
             ErrorKind::HeadersTooLarge => "headers_too_large",
             ErrorKind::Overloaded { .. } => "overloaded",

@@ -35,7 +35,13 @@ pub struct Wire {
     pub x_api_key: bool,
     /// Version headers that, when sent, must be one date like `2023-06-01`.
     pub version_headers: &'static [&'static str],
+    /// What keeps a stream alive before its first event (a request waiting in a saturated
+    /// model's queue): a frame every client of the format skips.
+    pub keepalive: &'static [u8],
 }
+
+/// An SSE comment: every conforming SSE reader skips it.
+pub const SSE_COMMENT_KEEPALIVE: &[u8] = b": waiting for a slot\n\n";
 
 /// One client format (see the module docs).
 pub trait Format {

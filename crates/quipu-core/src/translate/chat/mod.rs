@@ -39,6 +39,7 @@ impl Format for Chat {
     const WIRE: Wire = Wire {
         x_api_key: false,
         version_headers: &[],
+        keepalive: super::format::SSE_COMMENT_KEEPALIVE,
     };
     type Request = UpstreamRequest;
     type Context = ChatContext;

@@ -49,6 +49,7 @@ impl Format for Messages {
     const WIRE: Wire = Wire {
         x_api_key: true,
         version_headers: &["compat-version", "anthropic-version"],
+        keepalive: b"event: ping\ndata: {\"type\": \"ping\"}\n\n",
     };
     type Request = UpstreamRequest;
     type Context = ResponseContext;

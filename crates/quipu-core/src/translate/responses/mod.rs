@@ -66,6 +66,7 @@ impl Format for Responses {
     const WIRE: Wire = Wire {
         x_api_key: false,
         version_headers: &[],
+        keepalive: super::format::SSE_COMMENT_KEEPALIVE,
     };
     type Request = ResponsesTurn;
     type Context = ResponsesContext;

@@ -125,7 +125,7 @@ pub fn write_usage(out: &mut Vec<u8>, t: &Totals) {
 /// on the request is a `server_error`).
 pub fn failure_code(kind: &ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::RateLimited { .. } => "rate_limit_exceeded",
+        ErrorKind::RateLimited { .. } | ErrorKind::QueueFull { .. } => "rate_limit_exceeded",
         ErrorKind::ContextLengthExceeded => "context_length_exceeded",
         ErrorKind::InvalidRequest { .. } => "invalid_prompt",
         ErrorKind::Authentication
