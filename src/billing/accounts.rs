@@ -506,7 +506,10 @@ struct Admission<'a> {
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        self.acct.book.lock().forget(&mut self.req);
+        // An answered request is forgotten already: no lock on the common path.
+        if self.req.in_admission() {
+            self.acct.book.lock().forget(&mut self.req);
+        }
     }
 }
 

@@ -132,6 +132,11 @@ impl Pending {
         }
     }
 
+    /// Whether the book counts it among its requests in admission (see [`Book::forget`]).
+    pub fn in_admission(&self) -> bool {
+        self.counted
+    }
+
     /// The other replicas said they returned money: ask the store again.
     pub fn money_returned(&mut self) {
         self.asked = None;
