@@ -24,6 +24,7 @@
 //! [`crate::money`].
 
 pub mod book;
+pub mod pool;
 #[cfg(test)]
 mod book_model;
 pub mod display;
