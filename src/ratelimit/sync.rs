@@ -15,7 +15,7 @@
 use super::shared::{Dim, Fetch, Shared};
 use super::{Now, RateCounters};
 use crate::metrics::m;
-use crate::store::{QuotaAsk, QuotaGrant, Store};
+use crate::store::{LeaseStore, QuotaAsk, QuotaGrant, Store};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -205,7 +205,12 @@ fn fail(batch: Batch, now: &Now) {
 }
 
 /// Sends `batch` to the store and applies the answer; returns whether the store answered.
-async fn send(shared: &Shared, store: &dyn Store, batch: Batch, now: &Now) -> bool {
+async fn send(
+    shared: &Shared,
+    store: &(impl LeaseStore + ?Sized),
+    batch: Batch,
+    now: &Now,
+) -> bool {
     if batch.entries.is_empty() {
         return true;
     }
@@ -277,7 +282,11 @@ pub(super) async fn run(
 }
 
 /// Gives back every unused slice of the current and next window (at shutdown).
-pub(super) async fn give_back(shared: &Shared, store: &dyn Store, timeout: Duration) {
+pub(super) async fn give_back(
+    shared: &Shared,
+    store: &(impl LeaseStore + ?Sized),
+    timeout: Duration,
+) {
     let now = shared.clock.now();
     let window_ms = shared.clock.window_ms();
     let mut batch = Batch::default();

@@ -1,23 +1,149 @@
-//! The ledger on PostgreSQL: recording a batch of request rows in one multi-row insert
-//! (charging balances and the replica's lease in the same transaction, after locking the
-//! tenants as `balances` describes), rows set aside as rejected, a tenant's statement and the
-//! raw rows. Sums are `SUM(bigint)`, an exact NUMERIC read as text: no overflow, no float.
+//! The ledger on PostgreSQL ([`LedgerStore`]): top-ups and balances, recording a batch of
+//! request rows in one multi-row insert (charging balances and the replica's lease in the same
+//! transaction), rows set aside as rejected, a tenant's statement and the raw rows. Sums are
+//! `SUM(bigint)`, an exact NUMERIC read as text: no overflow, no float.
+//!
+//! **Money under concurrency.** Transactions run at READ COMMITTED with explicit row locks:
+//! every transaction that moves money (`record`, `top_up`, `acquire_lease`) first locks the
+//! tenant rows it touches with `SELECT … FOR NO KEY UPDATE`, in ascending id order, so they
+//! serialise per tenant across all replicas and cannot deadlock with one another. (`NO KEY
+//! UPDATE` rather than `UPDATE`: it does not conflict with the `KEY SHARE` locks that foreign
+//! keys take when ledger or lease rows are inserted.) Once the tenant row is locked, the balance
+//! and the leases it reads are the latest committed ones and stay so until commit; a lease can
+//! only shrink behind our back (reclaim, drop, release), which never breaks `Σ leases ≤
+//! balance`. Should the server still report a deadlock or serialisation failure, the whole
+//! transaction is retried (a few times, with a short pause): nothing was committed.
 
-use super::{balances, tenants, usage, PgResult};
+use super::{leases, tenants, usage, PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::columns::{names, pg_placeholders, unnest, LEDGER_COLUMNS, REJECT_COLUMNS};
 use crate::store::rows::{
-    check_row, period_bounds, rejected, tenant_missing, LedgerBatch, RawLedgerRow,
+    check_row, conflict_if_unique, period_bounds, rejected, replayed_top_up, tenant_missing,
+    top_up_entry, EarlierTopUp, LedgerBatch, RawLedgerRow, Taken,
 };
 use crate::store::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    LedgerRow, ModelTotals, Recorded, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
+    now_ms, Balance, LedgerRow, LedgerStore, ModelTotals, Recorded, RejectedRow, ReplicaSignal,
+    Statement, StoreResult, TenantId, TopUp, TopUpOutcome, UnixMs,
 };
+use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
+
+/// Locks the tenant row (see the module docs) and returns its balance, or `NotFound`.
+pub(super) async fn lock_tenant(tx: &Transaction<'_>, tenant: TenantId) -> PgResult<Pen> {
+    let row = tx
+        .query_typed_opt(
+            "SELECT balance::text FROM tenants WHERE id = $1 FOR NO KEY UPDATE",
+            &[(&tenant, Type::INT8)],
+        )
+        .await?
+        .ok_or_else(|| tenant_missing(tenant))?;
+    Ok(pen_from_text(
+        &row.try_get::<_, String>(0)?,
+        "tenants.balance",
+    )?)
+}
+
+async fn top_up_tx(
+    client: &mut Client,
+    tenant: TenantId,
+    amount: Pen,
+    delta: i64,
+    note: &str,
+    id: &str,
+) -> PgResult<TopUpOutcome> {
+    let now = now_ms();
+    let tx = client.transaction().await?;
+    let balance = lock_tenant(&tx, tenant).await?;
+    // An idempotent top-up's id is derived from its key; the tenant lock serialises two
+    // retries of the same top-up of one tenant, and the primary key any others.
+    let earlier = tx
+        .query_typed_opt(
+            "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = $1",
+            &[(&id, Type::TEXT)],
+        )
+        .await?;
+    if let Some(r) = earlier {
+        let earlier = EarlierTopUp {
+            tenant_id: r.try_get(0)?,
+            delta: r.try_get(1)?,
+            at: r.try_get(2)?,
+            note: r.try_get(3)?,
+        };
+        return Ok(replayed_top_up(
+            id.to_owned(),
+            tenant,
+            amount,
+            delta,
+            earlier,
+            balance,
+        )?);
+    }
+    tx.execute_typed(
+        "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
+         VALUES ($1, 'topup', $2, $3, $4, $5)",
+        &[
+            (&id, Type::TEXT),
+            (&tenant, Type::INT8),
+            (&now, Type::INT8),
+            (&delta, Type::INT8),
+            (&note, Type::TEXT),
+        ],
+    )
+    .await
+    .map_err(conflict_if_unique(Taken::TopUp(id)))?;
+    let after = tx
+        .query_typed_one(
+            "UPDATE tenants SET balance = balance + $2::numeric WHERE id = $1
+             RETURNING balance::text",
+            &[(&tenant, Type::INT8), (&pen_to_text(amount), Type::TEXT)],
+        )
+        .await?;
+    let balance = pen_from_text(&after.try_get::<_, String>(0)?, "tenants.balance")?;
+    // Replicas that found the tenant's balance all leased refuse from memory for a moment:
+    // tell them money arrived (delivered at commit, not before).
+    let arrived = ReplicaSignal::LeasesReturned { tenant }.to_payload();
+    tx.execute_typed(
+        "SELECT pg_notify($1, $2)",
+        &[
+            (&super::replicas::CHANNEL, Type::TEXT),
+            (&arrived, Type::TEXT),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(TopUpOutcome {
+        top_up: TopUp {
+            id: id.to_owned(),
+            tenant_id: tenant,
+            amount,
+            at: now,
+            note: note.to_owned(),
+        },
+        balance,
+        replayed: false,
+    })
+}
+
+async fn balance_q(client: &mut Client, tenant: TenantId) -> PgResult<Balance> {
+    let row = client
+        .query_typed_opt(
+            "SELECT t.balance::text,
+                    COALESCE((SELECT SUM(l.amount) FROM leases l WHERE l.tenant_id = t.id), 0)::text
+               FROM tenants t WHERE t.id = $1",
+            &[(&tenant, Type::INT8)],
+        )
+        .await?
+        .ok_or_else(|| tenant_missing(tenant))?;
+    Ok(Balance {
+        balance: pen_from_text(&row.try_get::<_, String>(0)?, "tenants.balance")?,
+        leased: pen_from_text(&row.try_get::<_, String>(1)?, "leases.amount")?,
+    })
+}
 
 /// Request rows as one array per column (see `columns`), for one multi-row insert.
 pub(super) fn batch_of(rows: &[LedgerRow]) -> StoreResult<LedgerBatch> {
@@ -47,11 +173,7 @@ static INSERT_LEDGER_ROWS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-pub(super) async fn record_tx(
-    client: &mut Client,
-    replica: &str,
-    b: &LedgerBatch,
-) -> PgResult<Recorded> {
+async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgResult<Recorded> {
     let tx = client.transaction().await?;
     let mut tenants: Vec<i64> = b.tenant_id.clone();
     tenants.sort_unstable();
@@ -120,7 +242,7 @@ pub(super) async fn record_tx(
             )
             .await?;
         for r in &changed {
-            leases.push((r.try_get::<_, i64>(0)?, balances::reading(r, 1)?));
+            leases.push((r.try_get::<_, i64>(0)?, leases::reading(r, 1)?));
         }
     }
     tx.commit().await?;
@@ -130,7 +252,7 @@ pub(super) async fn record_tx(
     })
 }
 
-pub(super) async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
+async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
     let rejected = rejected(row, reason);
     client
         .execute_typed(
@@ -145,7 +267,7 @@ pub(super) async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str)
     Ok(())
 }
 
-pub(super) async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<RejectedRow>> {
+async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<RejectedRow>> {
     let rows = client
         .query_typed(
             &format!(
@@ -162,7 +284,7 @@ pub(super) async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<Rejecte
     Ok(out)
 }
 
-pub(super) async fn statement_q(
+async fn statement_q(
     client: &mut Client,
     tenant: TenantId,
     from: Option<UnixMs>,
@@ -224,10 +346,7 @@ pub(super) async fn statement_q(
     })
 }
 
-pub(super) async fn ledger_rows_q(
-    client: &mut Client,
-    tenant: Option<TenantId>,
-) -> PgResult<Vec<LedgerRow>> {
+async fn ledger_rows_q(client: &mut Client, tenant: Option<TenantId>) -> PgResult<Vec<LedgerRow>> {
     let rows = client
         .query_typed(
             &format!(
@@ -244,4 +363,51 @@ pub(super) async fn ledger_rows_q(
         out.push(RawLedgerRow::from_pg(&r)?.into_row()?);
     }
     Ok(out)
+}
+
+#[async_trait]
+impl LedgerStore for PgStore {
+    async fn top_up_once(
+        &self,
+        tenant: TenantId,
+        amount: Pen,
+        note: &str,
+        idempotency_key: Option<&str>,
+    ) -> StoreResult<TopUpOutcome> {
+        let (delta, id) = top_up_entry(amount, idempotency_key)?;
+        with_retry!(self, c => top_up_tx(c, tenant, amount, delta, note, &id))
+    }
+
+    async fn balance(&self, tenant: TenantId) -> StoreResult<Balance> {
+        with_retry!(self, c => balance_q(c, tenant))
+    }
+
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded> {
+        if rows.is_empty() {
+            return Ok(Recorded::default());
+        }
+        let batch = batch_of(rows)?;
+        with_retry!(self, c => record_tx(c, replica, &batch))
+    }
+
+    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
+        with_retry!(self, c => reject_q(c, row, reason))
+    }
+
+    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
+        with_retry!(self, c => rejected_rows_q(c))
+    }
+
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        from: Option<UnixMs>,
+        to: Option<UnixMs>,
+    ) -> StoreResult<Statement> {
+        with_retry!(self, c => statement_q(c, tenant, from, to))
+    }
+
+    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
+        with_retry!(self, c => ledger_rows_q(c, tenant))
+    }
 }

@@ -1,17 +1,21 @@
-//! Tenants on PostgreSQL: creating one, finding one by name, and the list with each tenant's
-//! balance, leased amount and active keys. A new tenant bumps `keys_version` (see `keys`):
-//! the gateway's key table carries tenant names.
+//! Tenants and keys on PostgreSQL ([`TenantStore`]): creating a tenant, finding one by name,
+//! and the list with each tenant's balance, leased amount and active keys; API keys are in
+//! `keys`. A new tenant bumps `keys_version` (see `keys`): the gateway's key table carries
+//! tenant names.
 
-use super::keys::bump_keys_version;
-use super::PgResult;
+use super::keys::{self, bump_keys_version};
+use super::{PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::rows::{conflict_if_unique, tenant_missing, Taken};
 use crate::store::sql_money::{i64_to_u64, pen_from_text};
-use crate::store::{now_ms, Tenant, TenantId, TenantSummary};
+use crate::store::{
+    now_ms, ActiveKey, KeyInfo, NewKey, StoreResult, Tenant, TenantId, TenantStore, TenantSummary,
+};
+use async_trait::async_trait;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 
-pub(super) async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResult<Tenant> {
+async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResult<Tenant> {
     let now = now_ms();
     let tx = client.transaction().await?;
     let row = tx
@@ -31,7 +35,7 @@ pub(super) async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResul
     })
 }
 
-pub(super) async fn tenant_by_name_q(client: &mut Client, name: &str) -> PgResult<Option<Tenant>> {
+async fn tenant_by_name_q(client: &mut Client, name: &str) -> PgResult<Option<Tenant>> {
     let row = client
         .query_typed_opt(
             "SELECT id, name, created_at FROM tenants WHERE name = $1",
@@ -48,7 +52,7 @@ pub(super) async fn tenant_by_name_q(client: &mut Client, name: &str) -> PgResul
     })
 }
 
-pub(super) async fn list_tenants_q(client: &mut Client) -> PgResult<Vec<TenantSummary>> {
+async fn list_tenants_q(client: &mut Client) -> PgResult<Vec<TenantSummary>> {
     let tx = super::snapshot(client).await?;
     let rows = tx
         .query_typed(
@@ -97,4 +101,39 @@ pub(super) async fn tenant_with_balance(
         },
         pen_from_text(&t.try_get::<_, String>(3)?, "tenants.balance")?,
     ))
+}
+
+#[async_trait]
+impl TenantStore for PgStore {
+    async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
+        with_retry!(self, c => create_tenant_tx(c, name))
+    }
+
+    async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>> {
+        with_retry!(self, c => tenant_by_name_q(c, name))
+    }
+
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
+        with_retry!(self, c => list_tenants_q(c))
+    }
+
+    async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo> {
+        with_retry!(self, c => keys::create_key_tx(c, &key))
+    }
+
+    async fn revoke_key(&self, key_id: &str) -> StoreResult<bool> {
+        with_retry!(self, c => keys::revoke_key_tx(c, key_id))
+    }
+
+    async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
+        with_retry!(self, c => keys::list_keys_q(c, tenant))
+    }
+
+    async fn keys_version(&self) -> StoreResult<i64> {
+        with_retry!(self, c => keys::keys_version_q(c))
+    }
+
+    async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
+        with_retry!(self, c => keys::active_keys_q(c))
+    }
 }

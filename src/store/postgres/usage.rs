@@ -1,8 +1,7 @@
 //! The account API's reads on PostgreSQL, and the roll-ups `record` keeps for them (see
 //! `store::usage`). Sums are `NUMERIC`, read as text: exact, never a float.
 
-// `with_retry!` names these where it is used.
-use super::{is_retryable, tenants, PgErr, PgResult, PgStore, MAX_RETRIES};
+use super::{tenants, PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::columns::{names, LEDGER_COLUMNS};
 use crate::store::rows::{limits_from_sql, RawLedgerRow};
@@ -13,7 +12,6 @@ use crate::store::usage::{
 };
 use crate::store::{KeyInfo, LedgerRow, StoreResult, TenantId, TopUp};
 use async_trait::async_trait;
-use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row, Transaction};
 
@@ -272,7 +270,7 @@ async fn account_q(
             &[(&tenant, Type::INT8), (&replica, Type::TEXT)],
         )
         .await?
-        .map(|r| super::balances::reading(&r, 0))
+        .map(|r| super::leases::reading(&r, 0))
         .transpose()?;
     let all = tx
         .query_typed_one(

@@ -2,7 +2,7 @@
 //! polls and loads (`keys_version`, `active_keys`). Every change to keys or tenants bumps
 //! `keys_version` in the same transaction.
 
-use super::balances::read_balance;
+use super::tenants::read_balance;
 use super::{read_tx, sql_err, write_tx};
 use crate::store::rows::{
     conflict_if_unique, limits_from_sql, limits_to_sql, secret_hash, tenant_missing, Taken,

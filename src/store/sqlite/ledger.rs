@@ -1,22 +1,86 @@
-//! The ledger on SQLite: recording a batch of request rows (charging balances and the
-//! replica's lease in the same transaction), rows set aside as rejected, a tenant's statement
-//! and the raw rows. Deltas are INTEGER pico-soles; the statement's sums use split halves (see
-//! `sql_money`), so they can neither overflow nor become floats.
+//! The ledger on SQLite ([`LedgerStore`]): top-ups and balances, recording a batch of request
+//! rows (charging balances and the replica's lease in the same transaction), rows set aside as
+//! rejected, a tenant's statement and the raw rows. Deltas are INTEGER pico-soles; balances
+//! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
+//! the statement's sums use split halves (see `sql_money`), so they can neither overflow nor
+//! become floats.
 
-use super::balances::{read_balance, read_own, write_balance, write_own};
-use super::{read_tx, sql_err, tenants, usage, write_tx};
+use super::leases::{read_leases, read_own, write_own};
+use super::tenants::{read_balance, write_balance};
+use super::{read_tx, sql_err, tenants, usage, write_tx, SqliteStore};
 use crate::money::Pen;
 use crate::store::columns::{names, sqlite_placeholders, LEDGER_COLUMNS, REJECT_COLUMNS};
-use crate::store::rows::{period_bounds, RawLedgerRow};
+use crate::store::rows::{
+    check_row, period_bounds, rejected, replayed_top_up, top_up_entry, EarlierTopUp, RawLedgerRow,
+};
 use crate::store::sql_money::{i128_to_u64, i64_to_u64, recombine, sqlite_split_sum};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    LedgerRow, ModelTotals, Recorded, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
+    now_ms, Balance, LedgerRow, LedgerStore, ModelTotals, Recorded, RejectedRow, Statement,
+    StoreResult, TenantId, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
-use rusqlite::{params, Connection};
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
+
+fn top_up_once(
+    conn: &mut Connection,
+    tenant: TenantId,
+    amount: Pen,
+    delta: i64,
+    id: String,
+    note: String,
+) -> StoreResult<TopUpOutcome> {
+    let now = now_ms();
+    let tx = write_tx(conn)?;
+    let balance = read_balance(&tx, tenant)?;
+    let earlier = tx
+        .query_row(
+            "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = ?1",
+            params![id],
+            |r| {
+                Ok(EarlierTopUp {
+                    tenant_id: r.get(0)?,
+                    delta: r.get(1)?,
+                    at: r.get(2)?,
+                    note: r.get(3)?,
+                })
+            },
+        )
+        .optional()
+        .map_err(sql_err)?;
+    if let Some(earlier) = earlier {
+        return replayed_top_up(id, tenant, amount, delta, earlier, balance);
+    }
+    tx.execute(
+        "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
+                 VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
+        params![id, tenant, now, delta, note],
+    )
+    .map_err(sql_err)?;
+    write_balance(&tx, tenant, balance + amount)?;
+    tx.commit().map_err(sql_err)?;
+    Ok(TopUpOutcome {
+        top_up: TopUp {
+            id,
+            tenant_id: tenant,
+            amount,
+            at: now,
+            note,
+        },
+        balance: balance + amount,
+        replayed: false,
+    })
+}
+
+fn balance(conn: &mut Connection, tenant: TenantId) -> StoreResult<Balance> {
+    let tx = read_tx(conn)?;
+    let balance = read_balance(&tx, tenant)?;
+    let leased = read_leases(&tx, tenant)?.into_iter().map(|l| l.1).sum();
+    Ok(Balance { balance, leased })
+}
 
 /// A request row, as `record` inserts it (see `columns`).
 static INSERT_LEDGER_ROW: LazyLock<String> = LazyLock::new(|| {
@@ -27,7 +91,7 @@ static INSERT_LEDGER_ROW: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-pub(super) fn record(
+fn record(
     conn: &mut Connection,
     replica: String,
     rows: Vec<RawLedgerRow>,
@@ -86,7 +150,7 @@ pub(super) fn record(
     })
 }
 
-pub(super) fn reject(conn: &mut Connection, rejected: RejectedRow) -> StoreResult<()> {
+fn reject(conn: &mut Connection, rejected: RejectedRow) -> StoreResult<()> {
     conn.execute(
         &format!(
             "INSERT INTO ledger_rejects ({}) VALUES ({})
@@ -100,7 +164,7 @@ pub(super) fn reject(conn: &mut Connection, rejected: RejectedRow) -> StoreResul
     Ok(())
 }
 
-pub(super) fn rejected_rows(conn: &mut Connection) -> StoreResult<Vec<RejectedRow>> {
+fn rejected_rows(conn: &mut Connection) -> StoreResult<Vec<RejectedRow>> {
     let mut stmt = conn
         .prepare(&format!(
             "SELECT {} FROM ledger_rejects ORDER BY rejected_at, request_id",
@@ -113,7 +177,7 @@ pub(super) fn rejected_rows(conn: &mut Connection) -> StoreResult<Vec<RejectedRo
     rows.collect::<Result<Vec<_>, _>>().map_err(sql_err)
 }
 
-pub(super) fn statement(
+fn statement(
     conn: &mut Connection,
     tenant: TenantId,
     from: Option<UnixMs>,
@@ -197,10 +261,7 @@ pub(super) fn statement(
     })
 }
 
-pub(super) fn ledger_rows(
-    conn: &mut Connection,
-    tenant: Option<TenantId>,
-) -> StoreResult<Vec<LedgerRow>> {
+fn ledger_rows(conn: &mut Connection, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
     let mut stmt = conn
         .prepare(&format!(
             "SELECT {} FROM ledger
@@ -217,4 +278,59 @@ pub(super) fn ledger_rows(
         out.push(row.map_err(sql_err)?.into_row()?);
     }
     Ok(out)
+}
+
+#[async_trait]
+impl LedgerStore for SqliteStore {
+    async fn top_up_once(
+        &self,
+        tenant: TenantId,
+        amount: Pen,
+        note: &str,
+        idempotency_key: Option<&str>,
+    ) -> StoreResult<TopUpOutcome> {
+        let (delta, id) = top_up_entry(amount, idempotency_key)?;
+        let note = note.to_owned();
+        self.run(move |conn| top_up_once(conn, tenant, amount, delta, id, note))
+            .await
+    }
+
+    async fn balance(&self, tenant: TenantId) -> StoreResult<Balance> {
+        self.run(move |conn| balance(conn, tenant)).await
+    }
+
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded> {
+        if rows.is_empty() {
+            return Ok(Recorded::default());
+        }
+        let rows = rows
+            .iter()
+            .map(check_row)
+            .collect::<StoreResult<Vec<_>>>()?;
+        let replica = replica.to_owned();
+        self.run(move |conn| record(conn, replica, rows)).await
+    }
+
+    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
+        let rejected = rejected(row, reason);
+        self.run(move |conn| reject(conn, rejected)).await
+    }
+
+    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
+        self.run(rejected_rows).await
+    }
+
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        from: Option<UnixMs>,
+        to: Option<UnixMs>,
+    ) -> StoreResult<Statement> {
+        self.run(move |conn| statement(conn, tenant, from, to))
+            .await
+    }
+
+    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
+        self.run(move |conn| ledger_rows(conn, tenant)).await
+    }
 }

@@ -1,17 +1,44 @@
-//! Tenants on SQLite: creating one, finding one by name, and the list with each tenant's
-//! balance, leased amount and active keys. A new tenant bumps `keys_version` (see `keys`):
-//! the gateway's key table carries tenant names.
+//! Tenants and keys on SQLite ([`TenantStore`]): creating a tenant, finding one by name, and
+//! the list with each tenant's balance, leased amount and active keys; the tenant row's
+//! balance as the other files read and write it; API keys are in `keys`. A new tenant bumps
+//! `keys_version` (see `keys`): the gateway's key table carries tenant names.
 
-use super::keys::bump_keys_version;
-use super::{read_tx, sql_err, write_tx};
+use super::keys::{self, bump_keys_version};
+use super::{read_tx, sql_err, write_tx, SqliteStore};
 use crate::money::Pen;
 use crate::store::rows::{conflict_if_unique, tenant_missing, Taken};
-use crate::store::sql_money::{i64_to_u64, pen_from_text};
-use crate::store::{now_ms, StoreResult, Tenant, TenantId, TenantSummary};
+use crate::store::sql_money::{i64_to_u64, pen_from_text, pen_to_text};
+use crate::store::{
+    now_ms, ActiveKey, KeyInfo, NewKey, StoreResult, Tenant, TenantId, TenantStore, TenantSummary,
+};
+use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use std::collections::HashMap;
 
-pub(super) fn create_tenant(conn: &mut Connection, name: String) -> StoreResult<Tenant> {
+/// The tenant's balance, or `NotFound`.
+pub(super) fn read_balance(tx: &Transaction<'_>, tenant: TenantId) -> StoreResult<Pen> {
+    let text: Option<String> = tx
+        .prepare_cached("SELECT balance FROM tenants WHERE id = ?1")
+        .and_then(|mut s| s.query_row(params![tenant], |r| r.get(0)).optional())
+        .map_err(sql_err)?;
+    match text {
+        Some(t) => pen_from_text(&t, "tenants.balance"),
+        None => Err(tenant_missing(tenant)),
+    }
+}
+
+pub(super) fn write_balance(
+    tx: &Transaction<'_>,
+    tenant: TenantId,
+    balance: Pen,
+) -> StoreResult<()> {
+    tx.prepare_cached("UPDATE tenants SET balance = ?2 WHERE id = ?1")
+        .and_then(|mut s| s.execute(params![tenant, pen_to_text(balance)]))
+        .map_err(sql_err)?;
+    Ok(())
+}
+
+fn create_tenant(conn: &mut Connection, name: String) -> StoreResult<Tenant> {
     let now = now_ms();
     let tx = write_tx(conn)?;
     tx.execute(
@@ -29,7 +56,7 @@ pub(super) fn create_tenant(conn: &mut Connection, name: String) -> StoreResult<
     })
 }
 
-pub(super) fn tenant_by_name(conn: &mut Connection, name: String) -> StoreResult<Option<Tenant>> {
+fn tenant_by_name(conn: &mut Connection, name: String) -> StoreResult<Option<Tenant>> {
     conn.query_row(
         "SELECT id, name, created_at FROM tenants WHERE name = ?1",
         params![name],
@@ -45,7 +72,7 @@ pub(super) fn tenant_by_name(conn: &mut Connection, name: String) -> StoreResult
     .map_err(sql_err)
 }
 
-pub(super) fn list_tenants(conn: &mut Connection) -> StoreResult<Vec<TenantSummary>> {
+fn list_tenants(conn: &mut Connection) -> StoreResult<Vec<TenantSummary>> {
     let tx = read_tx(conn)?;
     let mut leased: HashMap<TenantId, Pen> = HashMap::new();
     {
@@ -119,4 +146,42 @@ pub(super) fn tenant_with_balance(
         .map_err(sql_err)?
         .ok_or_else(|| tenant_missing(tenant))?;
     Ok((t, pen_from_text(&balance, "tenants.balance")?))
+}
+
+#[async_trait]
+impl TenantStore for SqliteStore {
+    async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
+        let name = name.to_owned();
+        self.run(move |conn| create_tenant(conn, name)).await
+    }
+
+    async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>> {
+        let name = name.to_owned();
+        self.run(move |conn| tenant_by_name(conn, name)).await
+    }
+
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
+        self.run(list_tenants).await
+    }
+
+    async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo> {
+        self.run(move |conn| keys::create_key(conn, key)).await
+    }
+
+    async fn revoke_key(&self, key_id: &str) -> StoreResult<bool> {
+        let key_id = key_id.to_owned();
+        self.run(move |conn| keys::revoke_key(conn, key_id)).await
+    }
+
+    async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
+        self.run(move |conn| keys::list_keys(conn, tenant)).await
+    }
+
+    async fn keys_version(&self) -> StoreResult<i64> {
+        self.run(keys::keys_version).await
+    }
+
+    async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
+        self.run(keys::active_keys).await
+    }
 }

@@ -293,7 +293,7 @@ impl UsageStore for SqliteStore {
         self.run(move |conn| {
             let tx = read_tx(conn)?;
             let (t, balance) = tenants::tenant_with_balance(&tx, tenant)?;
-            let lease = super::balances::read_own(&tx, tenant, &replica)?;
+            let lease = super::leases::read_own(&tx, tenant, &replica)?;
             let all = tx
                 .query_row(
                     "SELECT SUM(requests), SUM(input_hi), SUM(input_lo), SUM(cached_hi),
