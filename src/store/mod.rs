@@ -21,7 +21,7 @@
 //! The request path never waits on a store: keys are served from an in-memory snapshot that a
 //! background task refreshes from [`TenantStore::active_keys`] when
 //! [`TenantStore::keys_version`] moves, and ledger rows are written in batches by a background
-//! writer. The only store call that a request can wait on is
+//! writer ([`batch`]). The only store call that a request can wait on is
 //! [`LeaseStore::grant_lease`], when its replica's lease on the tenant's balance runs short
 //! (see `billing`).
 //!
@@ -54,6 +54,7 @@
 //! requests and top-ups) comes from roll-ups that `record` keeps in the same transaction as the
 //! ledger rows: see [`usage`].
 
+pub mod batch;
 pub mod columns;
 pub mod postgres;
 mod responses;
