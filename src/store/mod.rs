@@ -139,7 +139,13 @@ pub struct ActiveKey {
 
 /// One request's ledger entry. `request_id` is the idempotency key: recording the same id twice
 /// changes nothing the second time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its JSON (the dead-letter table's `row_json`, the lines of a ledger spill file; see
+/// [`LedgerRow::to_json`]) is these fields under these names, money and token counts as decimal
+/// strings. Spill files written by older versions (the same fields, in alphabetical order)
+/// read back as they are: keep the names and formats.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LedgerRow {
     pub request_id: String,
     pub at: UnixMs,
@@ -150,16 +156,21 @@ pub struct LedgerRow {
     /// `chat` or `messages`.
     pub format: String,
     /// All prompt tokens, cached ones included (upstream semantics, see `usage`).
+    #[serde(with = "rows::count_text")]
     pub input_tokens: u64,
+    #[serde(with = "rows::count_text")]
     pub cached_tokens: u64,
+    #[serde(with = "rows::count_text")]
     pub output_tokens: u64,
     /// The exact charge (≥ 0).
+    #[serde(rename = "charge_picos", with = "rows::picos_text")]
     pub charge: Pen,
     /// `ok`, `client_disconnected`, `upstream_error`, `timeout`, …
     pub status: String,
     pub http_status: u16,
     /// What the tokens would have cost beyond the request's reservation, which caps every
     /// charge (see `billing`): not charged, recorded so the operator sees it. Usually zero.
+    #[serde(rename = "unbilled_picos", with = "rows::picos_text")]
     pub unbilled: Pen,
     /// `input_tokens` is the gateway's estimate, because the upstream reported none (a cut
     /// stream, or an upstream that sends usage only at the end).
