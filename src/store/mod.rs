@@ -25,6 +25,36 @@
 //! [`LeaseStore::grant_lease`], when its replica's lease on the tenant's balance runs short
 //! (see `billing`).
 //!
+//! ## One SQL text for both dialects
+//!
+//! Where SQLite and PostgreSQL agree, a statement is written once, in [`sql`]: a small dialect
+//! layer of our own (PostgreSQL's `$N` placeholders rewritten to SQLite's `?N` once per
+//! statement, a handful of fragments where the dialects differ — the parts of an exact sum,
+//! bytewise collation, row locks) and a column cursor that reads a row of either driver, so
+//! a sum that is two split integer columns on SQLite and one `NUMERIC` on PostgreSQL decodes
+//! through one function. Each statement's text is built on first use and kept; the request
+//! path (the ledger writer's `record`, lease calls) pays nothing it did not pay before. What
+//! stays per backend differs by design: transactions and locking, the money-moving writes
+//! (SQLite computes running amounts in Rust on TEXT columns; PostgreSQL in `NUMERIC` under
+//! row locks, batched through `UNNEST`), the roll-up upserts, rate windows and clocks, and the
+//! migrations (each dialect's DDL, frozen once released).
+//!
+//! Why not a library:
+//! - **`sqlx`** would replace both drivers (rusqlite, tokio-postgres) and the pool, and still
+//!   not write the SQL once: its `Any` driver neither rewrites placeholders nor carries
+//!   `NUMERIC` beyond i64 or typed parameters (`query_typed`, one round trip), and its
+//!   compile-time checking needs a live database or checked-in query data for both dialects.
+//!   A rewrite of every store call, for none of the sharing.
+//! - **`sea-query`** builds SQL from a Rust AST on every call (allocations and formatting per
+//!   query, on the ledger writer and lease paths too unless cached by hand, which is what
+//!   [`sql::Sql`] already is), brings its own value and binder crates for each driver, and
+//!   expresses none of what differs here — split-integer sums, `NUMERIC` arithmetic,
+//!   `UNNEST` batches, `FOR NO KEY UPDATE`, `COLLATE "C"` — without raw fragments, so the
+//!   per-dialect text would remain, inside a builder.
+//!
+//! The column lists of whole rows (the ledger's request rows, the dead-letter table) are
+//! [`columns`]'s, with their binding and reading generated per driver.
+//!
 //! ## Money in the ledger
 //!
 //! The ledger is one journal of money movements per tenant: a top-up is an entry with a
@@ -57,9 +87,9 @@
 pub mod batch;
 pub mod columns;
 pub mod postgres;
-mod responses;
 mod rows;
 pub mod schema;
+pub mod sql;
 mod sql_money;
 pub mod sqlite;
 pub mod usage;
@@ -446,7 +476,7 @@ impl fmt::Display for Backend {
 /// gateway passes around; a caller that needs one concern takes that trait (generic over
 /// `S: LedgerStore + ?Sized`, which `dyn Store` satisfies).
 pub trait Store:
-    TenantStore + LedgerStore + LeaseStore + ResponseStore + ReplicaChannel + UsageStore + Send + Sync
+    TenantStore + LedgerStore + LeaseStore + ResponseStore + ReplicaChannel + UsageStore
 {
     fn kind(&self) -> Backend;
 }

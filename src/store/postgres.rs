@@ -13,8 +13,8 @@
 //! are the caller's clock, as in SQLite.
 //!
 //! This file connects, migrates and runs calls with retries (`with_retry!`); each trait of
-//! [`Store`] is implemented with its concern: `tenants` ([`TenantStore`](super::TenantStore),
-//! with `keys`), `ledger` ([`LedgerStore`](super::LedgerStore): top-ups, balances, request
+//! [`Store`] is implemented with its concern: `tenants` ([`TenantStore`](super::TenantStore):
+//! tenants and keys), `ledger` ([`LedgerStore`](super::LedgerStore): top-ups, balances, request
 //! rows, rejects, statements, and how transactions that move money lock), `leases`
 //! ([`LeaseStore`](super::LeaseStore): leases and the shared rate windows), `replicas`
 //! ([`ReplicaChannel`](super::ReplicaChannel): `LISTEN`/`NOTIFY` on the channel
@@ -23,6 +23,7 @@
 //! the account API's reads, and the roll-ups `record` keeps for them).
 
 use super::rows::DbError;
+use super::sql::{pg_params, Cols, Sql, SqlValue};
 use super::{schema, Backend, Store, StoreError, StoreResult};
 use crate::config::redact_url;
 use std::sync::Mutex;
@@ -30,7 +31,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, GenericClient, NoTls};
 
 /// Most connections one store (one replica) keeps open.
 pub const POOL_SIZE: usize = 4;
@@ -197,6 +198,51 @@ impl From<StoreError> for PgErr {
 
 pub(crate) type PgResult<T> = Result<T, PgErr>;
 
+impl DbError for PgErr {
+    type Failure = PgErr;
+
+    fn is_unique_violation(&self) -> bool {
+        matches!(self, PgErr::Db(e) if e.is_unique_violation())
+    }
+}
+
+/// Runs a shared statement (see `sql`) with its parameter types, reading each row with `read`.
+async fn query<T>(
+    client: &impl GenericClient,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    mut read: impl FnMut(&mut Cols<'_>) -> StoreResult<T>,
+) -> PgResult<Vec<T>> {
+    let rows = client
+        .query_typed(sql.get(Backend::Postgres), &pg_params(values))
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        out.push(read(&mut Cols::new(row))?);
+    }
+    Ok(out)
+}
+
+/// [`query`]'s only row, if any.
+async fn query_opt<T>(
+    client: &impl GenericClient,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    read: impl FnOnce(&mut Cols<'_>) -> StoreResult<T>,
+) -> PgResult<Option<T>> {
+    let row = client
+        .query_typed_opt(sql.get(Backend::Postgres), &pg_params(values))
+        .await?;
+    Ok(row.map(|r| read(&mut Cols::new(&r))).transpose()?)
+}
+
+/// Runs a shared statement that returns no rows; how many rows it changed.
+async fn execute(client: &impl GenericClient, sql: &Sql, values: &[SqlValue<'_>]) -> PgResult<u64> {
+    Ok(client
+        .execute_typed(sql.get(Backend::Postgres), &pg_params(values))
+        .await?)
+}
+
 /// A read-only snapshot: every query in it sees the same committed state (a statement, an
 /// account view, a list).
 async fn snapshot(client: &mut Client) -> PgResult<tokio_postgres::Transaction<'_>> {
@@ -251,14 +297,12 @@ macro_rules! with_retry {
 }
 
 // After `db_now_ms!` and `with_retry!`, which they use.
-mod keys;
 mod leases;
 mod ledger;
 mod replicas;
 mod responses;
 mod tenants;
-/// The account API's reads and the roll-ups `record` keeps.
-pub mod usage;
+mod usage;
 
 impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/db`, or any form

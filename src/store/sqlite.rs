@@ -19,29 +19,32 @@
 //! balance, the ledger and the keys' hashes. An existing file is left as it is.
 //!
 //! This file opens the database, migrates it and runs closures on its connection; each trait
-//! of [`Store`] is implemented with its concern: `tenants` ([`TenantStore`](super::TenantStore),
-//! with `keys`), `ledger` ([`LedgerStore`](super::LedgerStore): top-ups, balances, request
+//! of [`Store`] is implemented with its concern: `tenants` ([`TenantStore`](super::TenantStore):
+//! tenants and keys), `ledger` ([`LedgerStore`](super::LedgerStore): top-ups, balances, request
 //! rows, rejects, statements), `leases` ([`LeaseStore`](super::LeaseStore): leases and shared
 //! rate windows; no [`ReplicaChannel`](super::ReplicaChannel) between processes), `responses`
 //! ([`ResponseStore`](super::ResponseStore)) and `usage` ([`UsageStore`](super::UsageStore):
 //! the account API's reads, and the roll-ups `record` keeps for them).
 
 use super::rows::DbError;
+use super::sql::{Cols, Sql, SqlValue};
 use super::{schema, Backend, Store, StoreError, StoreResult};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-mod keys;
 mod leases;
 mod ledger;
 mod responses;
 mod tenants;
-pub mod usage;
+mod usage;
 
 /// How long a writer waits for another process's write transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Prepared statements kept per connection: every statement the store sends, so none is
+/// prepared twice (rusqlite keeps 16 by default).
+const STATEMENT_CACHE: usize = 64;
 
 /// The SQLite [`Store`]. Cheap to clone; clones share the connection.
 #[derive(Clone)]
@@ -84,6 +87,7 @@ impl SqliteStore {
         enable_wal(&conn).map_err(|e| fail("cannot enable WAL", &e))?;
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
             .map_err(|e| fail("cannot set pragmas", &e))?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrate(&mut conn).map_err(|e| match e {
             StoreError::Backend(m) => StoreError::Backend(format!("sqlite database {path}: {m}")),
             other => other,
@@ -177,6 +181,69 @@ impl DbError for rusqlite::Error {
             )
         )
     }
+}
+
+/// What a shared statement can fail with: the database (maybe a unique key a caller turns into
+/// a `Conflict`), or reading its rows.
+enum SqliteErr {
+    Db(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl From<SqliteErr> for StoreError {
+    fn from(e: SqliteErr) -> Self {
+        match e {
+            SqliteErr::Db(e) => sql_err(e),
+            SqliteErr::Store(e) => e,
+        }
+    }
+}
+
+impl DbError for SqliteErr {
+    type Failure = StoreError;
+
+    fn is_unique_violation(&self) -> bool {
+        matches!(self, SqliteErr::Db(e) if e.is_unique_violation())
+    }
+}
+
+type SqliteResult<T> = Result<T, SqliteErr>;
+
+/// Runs a shared statement (see `sql`), reading each row with `read`.
+fn query<T>(
+    conn: &Connection,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    mut read: impl FnMut(&mut Cols<'_>) -> StoreResult<T>,
+) -> SqliteResult<Vec<T>> {
+    let mut stmt = conn
+        .prepare_cached(sql.get(Backend::Sqlite))
+        .map_err(SqliteErr::Db)?;
+    let mut rows = stmt
+        .query(rusqlite::params_from_iter(values))
+        .map_err(SqliteErr::Db)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(SqliteErr::Db)? {
+        out.push(read(&mut Cols::new(row)).map_err(SqliteErr::Store)?);
+    }
+    Ok(out)
+}
+
+/// [`query`]'s only row, if any (the statements it runs select by key, or aggregate).
+fn query_opt<T>(
+    conn: &Connection,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    read: impl FnMut(&mut Cols<'_>) -> StoreResult<T>,
+) -> SqliteResult<Option<T>> {
+    Ok(query(conn, sql, values, read)?.into_iter().next())
+}
+
+/// Runs a shared statement that returns no rows; how many rows it changed.
+fn execute(conn: &Connection, sql: &Sql, values: &[SqlValue<'_>]) -> SqliteResult<usize> {
+    conn.prepare_cached(sql.get(Backend::Sqlite))
+        .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
+        .map_err(SqliteErr::Db)
 }
 
 fn write_tx(conn: &mut Connection) -> StoreResult<Transaction<'_>> {

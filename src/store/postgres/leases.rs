@@ -24,7 +24,7 @@ use crate::store::{
 use async_trait::async_trait;
 use quipu_core::billing::lease::lease_grant;
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
 
 /// The lease columns every answer about a lease reads, in this order.
 const READING: &str = "amount::text, spent::text, version";
@@ -36,6 +36,21 @@ pub(super) fn reading(row: &tokio_postgres::Row, at: usize) -> PgResult<LeaseRea
         spent: pen_from_text(&row.try_get::<_, String>(at + 1)?, "leases.spent")?,
         version: row.try_get(at + 2)?,
     })
+}
+
+/// `replica`'s lease row on the tenant, if it has one (read in `tx`'s snapshot).
+pub(super) async fn own(
+    tx: &Transaction<'_>,
+    tenant: TenantId,
+    replica: &str,
+) -> PgResult<Option<LeaseReading>> {
+    tx.query_typed_opt(
+        &format!("SELECT {READING} FROM leases WHERE tenant_id = $1 AND replica = $2"),
+        &[(&tenant, Type::INT8), (&replica, Type::TEXT)],
+    )
+    .await?
+    .map(|r| reading(&r, 0))
+    .transpose()
 }
 
 async fn acquire_lease_tx(

@@ -1,7 +1,9 @@
 //! The ledger on PostgreSQL ([`LedgerStore`]): top-ups and balances, recording a batch of
 //! request rows in one multi-row insert (charging balances and the replica's lease in the same
-//! transaction), rows set aside as rejected, a tenant's statement and the raw rows. Sums are
-//! `SUM(bigint)`, an exact NUMERIC read as text: no overflow, no float.
+//! transaction), rows set aside as rejected, a tenant's statement and the raw rows. The shared
+//! statements are `sql::ledger`'s; what is PostgreSQL's own is `record` (one `UNNEST` insert,
+//! balances and leases changed in `NUMERIC` by the database), the top-up's balance and signal,
+//! and the locking below.
 //!
 //! **Money under concurrency.** Transactions run at READ COMMITTED with explicit row locks:
 //! every transaction that moves money (`record`, `top_up`, `acquire_lease`) first locks the
@@ -14,38 +16,36 @@
 //! balance`. Should the server still report a deadlock or serialisation failure, the whole
 //! transaction is retried (a few times, with a short pause): nothing was committed.
 
-use super::{leases, tenants, usage, PgResult, PgStore};
+use super::tenants::tenant_with_balance;
+use super::{execute, leases, query, query_opt, snapshot, usage, PgResult, PgStore};
 use crate::money::Pen;
-use crate::store::columns::{names, pg_placeholders, unnest, LEDGER_COLUMNS, REJECT_COLUMNS};
+use crate::store::columns::{names, unnest, LEDGER_COLUMNS};
 use crate::store::rows::{
     check_row, conflict_if_unique, period_bounds, rejected, replayed_top_up, tenant_missing,
-    top_up_entry, EarlierTopUp, LedgerBatch, RawLedgerRow, Taken,
+    top_up_entry, LedgerBatch, RawLedgerRow, Taken,
 };
-use crate::store::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
+use crate::store::sql::SqlValue::{Int, OptInt, Text};
+use crate::store::sql::{ledger as q, tenants as tq};
+use crate::store::sql::{pg_params, Sql, SqlValue};
+use crate::store::sql_money::{pen_from_text, pen_to_text};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    now_ms, Balance, LedgerRow, LedgerStore, ModelTotals, Recorded, RejectedRow, ReplicaSignal,
+    now_ms, Backend, Balance, LedgerRow, LedgerStore, Recorded, RejectedRow, ReplicaSignal,
     Statement, StoreResult, TenantId, TopUp, TopUpOutcome, UnixMs,
 };
 use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::{Client, GenericClient, Transaction};
 
 /// Locks the tenant row (see the module docs) and returns its balance, or `NotFound`.
 pub(super) async fn lock_tenant(tx: &Transaction<'_>, tenant: TenantId) -> PgResult<Pen> {
-    let row = tx
-        .query_typed_opt(
-            "SELECT balance::text FROM tenants WHERE id = $1 FOR NO KEY UPDATE",
-            &[(&tenant, Type::INT8)],
-        )
-        .await?
-        .ok_or_else(|| tenant_missing(tenant))?;
-    Ok(pen_from_text(
-        &row.try_get::<_, String>(0)?,
-        "tenants.balance",
-    )?)
+    Ok(query_opt(tx, &tq::LOCK_BALANCE, &[Int(tenant)], |c| {
+        c.pen("tenants.balance")
+    })
+    .await?
+    .ok_or_else(|| tenant_missing(tenant))?)
 }
 
 async fn top_up_tx(
@@ -61,19 +61,8 @@ async fn top_up_tx(
     let balance = lock_tenant(&tx, tenant).await?;
     // An idempotent top-up's id is derived from its key; the tenant lock serialises two
     // retries of the same top-up of one tenant, and the primary key any others.
-    let earlier = tx
-        .query_typed_opt(
-            "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = $1",
-            &[(&id, Type::TEXT)],
-        )
-        .await?;
-    if let Some(r) = earlier {
-        let earlier = EarlierTopUp {
-            tenant_id: r.try_get(0)?,
-            delta: r.try_get(1)?,
-            at: r.try_get(2)?,
-            note: r.try_get(3)?,
-        };
+    let earlier = query_opt(&tx, &q::EARLIER_TOP_UP, &[Text(id)], q::earlier_top_up).await?;
+    if let Some(earlier) = earlier {
         return Ok(replayed_top_up(
             id.to_owned(),
             tenant,
@@ -83,19 +72,10 @@ async fn top_up_tx(
             balance,
         )?);
     }
-    tx.execute_typed(
-        "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
-         VALUES ($1, 'topup', $2, $3, $4, $5)",
-        &[
-            (&id, Type::TEXT),
-            (&tenant, Type::INT8),
-            (&now, Type::INT8),
-            (&delta, Type::INT8),
-            (&note, Type::TEXT),
-        ],
-    )
-    .await
-    .map_err(conflict_if_unique(Taken::TopUp(id)))?;
+    let values = [Text(id), Int(tenant), Int(now), Int(delta), Text(note)];
+    execute(&tx, &q::INSERT_TOP_UP, &values)
+        .await
+        .map_err(conflict_if_unique(Taken::TopUp(id)))?;
     let after = tx
         .query_typed_one(
             "UPDATE tenants SET balance = balance + $2::numeric WHERE id = $1
@@ -252,30 +232,20 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
     })
 }
 
-async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
+async fn reject_q(client: &Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
     let rejected = rejected(row, reason);
     client
         .execute_typed(
-            &format!(
-                "INSERT INTO ledger_rejects ({}) VALUES ({}) ON CONFLICT (request_id) DO NOTHING",
-                names(REJECT_COLUMNS),
-                pg_placeholders(REJECT_COLUMNS)
-            ),
+            q::INSERT_REJECT.get(Backend::Postgres),
             &rejected.pg_params(),
         )
         .await?;
     Ok(())
 }
 
-async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<RejectedRow>> {
+async fn rejected_rows_q(client: &Client) -> PgResult<Vec<RejectedRow>> {
     let rows = client
-        .query_typed(
-            &format!(
-                "SELECT {} FROM ledger_rejects ORDER BY rejected_at, request_id",
-                names(REJECT_COLUMNS)
-            ),
-            &[],
-        )
+        .query_typed(q::REJECTED_ROWS.get(Backend::Postgres), &[])
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
@@ -291,72 +261,26 @@ async fn statement_q(
     to: Option<UnixMs>,
 ) -> PgResult<Statement> {
     let (lo, hi) = period_bounds(from, to);
-    let tx = super::snapshot(client).await?;
-    let (t, balance) = tenants::tenant_with_balance(&tx, tenant).await?;
-    // SUM(bigint) is an exact NUMERIC: no overflow, no float.
-    let models = tx
-        .query_typed(
-            "SELECT model, COUNT(*), SUM(input_tokens)::text, SUM(cached_tokens)::text,
-                    SUM(output_tokens)::text, (-SUM(delta))::text
-               FROM ledger
-              WHERE tenant_id = $1 AND kind = 'request' AND at >= $2 AND at < $3
-              GROUP BY model ORDER BY model",
-            &[(&tenant, Type::INT8), (&lo, Type::INT8), (&hi, Type::INT8)],
-        )
-        .await?;
-    let top_ups = tx
-        .query_typed(
-            "SELECT entry_id, at, delta, note FROM ledger
-              WHERE tenant_id = $1 AND kind = 'topup' AND at >= $2 AND at < $3
-              ORDER BY at, entry_id",
-            &[(&tenant, Type::INT8), (&lo, Type::INT8), (&hi, Type::INT8)],
-        )
-        .await?;
-    tx.commit().await?;
-    let mut per_model = Vec::with_capacity(models.len());
-    for r in models {
-        per_model.push(ModelTotals {
-            model: r.try_get::<_, Option<String>>(0)?.unwrap_or_default(),
-            requests: i64_to_u64(r.try_get(1)?, "request count")?,
-            input_tokens: count_from_text(&r.try_get::<_, String>(2)?, "input tokens")?,
-            cached_tokens: count_from_text(&r.try_get::<_, String>(3)?, "cached tokens")?,
-            output_tokens: count_from_text(&r.try_get::<_, String>(4)?, "output tokens")?,
-            charge: pen_from_text(&r.try_get::<_, String>(5)?, "ledger charges")?,
-        });
-    }
-    let mut ups = Vec::with_capacity(top_ups.len());
-    for r in top_ups {
-        ups.push(TopUp {
-            id: r.try_get(0)?,
-            tenant_id: tenant,
-            at: r.try_get(1)?,
-            amount: Pen::from_picos(i128::from(r.try_get::<_, i64>(2)?)),
-            note: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
-        });
-    }
-    Ok(Statement {
-        tenant: t,
-        from,
-        to,
-        total_charges: per_model.iter().map(|m| m.charge).sum(),
-        total_top_ups: ups.iter().map(|u| u.amount).sum(),
-        balance,
-        per_model,
-        top_ups: ups,
+    let tx = snapshot(client).await?;
+    let head = tenant_with_balance(&tx, tenant).await?;
+    let period = [Int(tenant), Int(lo), Int(hi)];
+    let per_model = query(&tx, &q::STATEMENT_MODELS, &period, q::model_totals).await?;
+    let top_ups = query(&tx, &q::STATEMENT_TOP_UPS, &period, |c| {
+        q::top_up(c, tenant)
     })
+    .await?;
+    tx.commit().await?;
+    Ok(q::statement(head, (from, to), per_model, top_ups))
 }
 
-async fn ledger_rows_q(client: &mut Client, tenant: Option<TenantId>) -> PgResult<Vec<LedgerRow>> {
+/// Request rows as a shared statement selects them (every column of `LEDGER_COLUMNS`).
+pub(super) async fn ledger_rows_of(
+    client: &impl GenericClient,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+) -> PgResult<Vec<LedgerRow>> {
     let rows = client
-        .query_typed(
-            &format!(
-                "SELECT {} FROM ledger
-                  WHERE kind = 'request' AND ($1::bigint IS NULL OR tenant_id = $1)
-                  ORDER BY at, entry_id",
-                names(LEDGER_COLUMNS)
-            ),
-            &[(&tenant, Type::INT8)],
-        )
+        .query_typed(sql.get(Backend::Postgres), &pg_params(values))
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
@@ -408,6 +332,6 @@ impl LedgerStore for PgStore {
     }
 
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
-        with_retry!(self, c => ledger_rows_q(c, tenant))
+        with_retry!(self, c => ledger_rows_of(&*c, &q::LEDGER_ROWS, &[OptInt(tenant)]))
     }
 }

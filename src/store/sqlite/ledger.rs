@@ -1,29 +1,29 @@
 //! The ledger on SQLite ([`LedgerStore`]): top-ups and balances, recording a batch of request
 //! rows (charging balances and the replica's lease in the same transaction), rows set aside as
-//! rejected, a tenant's statement and the raw rows. Deltas are INTEGER pico-soles; balances
-//! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
-//! the statement's sums use split halves (see `sql_money`), so they can neither overflow nor
-//! become floats.
+//! rejected, a tenant's statement and the raw rows. The statements are `sql::ledger`'s; what is
+//! SQLite's own is `record` (one prepared insert per row, yielding to requests) and money moved
+//! in Rust: balances and leases are TEXT decimal integers, read, changed in i128 and written
+//! back inside the transaction (see `sql_money`).
 
 use super::leases::{read_leases, read_own, write_own};
-use super::tenants::{read_balance, write_balance};
-use super::{read_tx, sql_err, tenants, usage, write_tx, SqliteStore};
+use super::tenants::{read_balance, tenant_with_balance, write_balance};
+use super::{execute, query, query_opt, read_tx, sql_err, usage, write_tx, SqliteStore};
 use crate::money::Pen;
-use crate::store::columns::{names, sqlite_placeholders, LEDGER_COLUMNS, REJECT_COLUMNS};
 use crate::store::rows::{
-    check_row, period_bounds, rejected, replayed_top_up, top_up_entry, EarlierTopUp, RawLedgerRow,
+    check_row, period_bounds, rejected, replayed_top_up, top_up_entry, RawLedgerRow,
 };
-use crate::store::sql_money::{i128_to_u64, i64_to_u64, recombine, sqlite_split_sum};
+use crate::store::sql::ledger as q;
+use crate::store::sql::SqlValue::{Int, OptInt, Text};
+use crate::store::sql::{Sql, SqlValue};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    now_ms, Balance, LedgerRow, LedgerStore, ModelTotals, Recorded, RejectedRow, Statement,
+    now_ms, Backend, Balance, LedgerRow, LedgerStore, Recorded, RejectedRow, Statement,
     StoreResult, TenantId, TopUp, TopUpOutcome, UnixMs,
 };
 use crate::threads::{ledger_yields, let_requests_run, ROWS_PER_YIELD};
 use async_trait::async_trait;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::Connection;
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 
 fn top_up_once(
     conn: &mut Connection,
@@ -36,30 +36,11 @@ fn top_up_once(
     let now = now_ms();
     let tx = write_tx(conn)?;
     let balance = read_balance(&tx, tenant)?;
-    let earlier = tx
-        .query_row(
-            "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = ?1",
-            params![id],
-            |r| {
-                Ok(EarlierTopUp {
-                    tenant_id: r.get(0)?,
-                    delta: r.get(1)?,
-                    at: r.get(2)?,
-                    note: r.get(3)?,
-                })
-            },
-        )
-        .optional()
-        .map_err(sql_err)?;
-    if let Some(earlier) = earlier {
+    if let Some(earlier) = query_opt(&tx, &q::EARLIER_TOP_UP, &[Text(&id)], q::earlier_top_up)? {
         return replayed_top_up(id, tenant, amount, delta, earlier, balance);
     }
-    tx.execute(
-        "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
-                 VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
-        params![id, tenant, now, delta, note],
-    )
-    .map_err(sql_err)?;
+    let values = [Text(&id), Int(tenant), Int(now), Int(delta), Text(&note)];
+    execute(&tx, &q::INSERT_TOP_UP, &values)?;
     write_balance(&tx, tenant, balance + amount)?;
     tx.commit().map_err(sql_err)?;
     Ok(TopUpOutcome {
@@ -82,15 +63,6 @@ fn balance(conn: &mut Connection, tenant: TenantId) -> StoreResult<Balance> {
     Ok(Balance { balance, leased })
 }
 
-/// A request row, as `record` inserts it (see `columns`).
-static INSERT_LEDGER_ROW: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO ledger (kind, {}) VALUES ('request', {}) ON CONFLICT (entry_id) DO NOTHING",
-        names(LEDGER_COLUMNS),
-        sqlite_placeholders(LEDGER_COLUMNS)
-    )
-});
-
 fn record(
     conn: &mut Connection,
     replica: String,
@@ -107,7 +79,9 @@ fn record(
     let mut inserted = 0u64;
     let mut new_rows = Vec::with_capacity(rows.len());
     {
-        let mut stmt = tx.prepare_cached(&INSERT_LEDGER_ROW).map_err(sql_err)?;
+        let mut stmt = tx
+            .prepare_cached(q::INSERT_REQUEST_ROW.get(Backend::Sqlite))
+            .map_err(sql_err)?;
         // A batch holds a write transaction for milliseconds of CPU on a thread that
         // may share a core with the workers: let requests through (see `threads`).
         let yields = ledger_yields();
@@ -151,25 +125,15 @@ fn record(
 }
 
 fn reject(conn: &mut Connection, rejected: RejectedRow) -> StoreResult<()> {
-    conn.execute(
-        &format!(
-            "INSERT INTO ledger_rejects ({}) VALUES ({})
-                     ON CONFLICT (request_id) DO NOTHING",
-            names(REJECT_COLUMNS),
-            sqlite_placeholders(REJECT_COLUMNS)
-        ),
-        rejected.sqlite_params().as_slice(),
-    )
-    .map_err(sql_err)?;
+    conn.prepare_cached(q::INSERT_REJECT.get(Backend::Sqlite))
+        .and_then(|mut s| s.execute(rejected.sqlite_params().as_slice()))
+        .map_err(sql_err)?;
     Ok(())
 }
 
 fn rejected_rows(conn: &mut Connection) -> StoreResult<Vec<RejectedRow>> {
     let mut stmt = conn
-        .prepare(&format!(
-            "SELECT {} FROM ledger_rejects ORDER BY rejected_at, request_id",
-            names(REJECT_COLUMNS)
-        ))
+        .prepare_cached(q::REJECTED_ROWS.get(Backend::Sqlite))
         .map_err(sql_err)?;
     let rows = stmt
         .query_map([], RejectedRow::from_sqlite)
@@ -185,93 +149,29 @@ fn statement(
 ) -> StoreResult<Statement> {
     let (lo, hi) = period_bounds(from, to);
     let tx = read_tx(conn)?;
-    let (t, balance) = tenants::tenant_with_balance(&tx, tenant)?;
-    let mut per_model = Vec::new();
-    {
-        let mut stmt = tx
-            .prepare(concat!(
-                "SELECT model, COUNT(*), ",
-                sqlite_split_sum!("input_tokens"),
-                ", ",
-                sqlite_split_sum!("cached_tokens"),
-                ", ",
-                sqlite_split_sum!("output_tokens"),
-                ", ",
-                sqlite_split_sum!("-delta"),
-                " FROM ledger
-                          WHERE tenant_id = ?1 AND kind = 'request' AND at >= ?2 AND at < ?3
-                          GROUP BY model ORDER BY model"
-            ))
-            .map_err(sql_err)?;
-        let rows = stmt
-            .query_map(params![tenant, lo, hi], |r| {
-                let mut v = [0i64; 9];
-                for (i, slot) in v.iter_mut().enumerate() {
-                    *slot = r.get(i + 1)?;
-                }
-                Ok((r.get::<_, Option<String>>(0)?.unwrap_or_default(), v))
-            })
-            .map_err(sql_err)?;
-        for row in rows {
-            let (model, v) = row.map_err(sql_err)?;
-            let count = |hi: i64, lo: i64, what: &str| i128_to_u64(recombine(hi, lo), what);
-            per_model.push(ModelTotals {
-                model,
-                requests: i64_to_u64(v[0], "request count")?,
-                input_tokens: count(v[1], v[2], "input tokens")?,
-                cached_tokens: count(v[3], v[4], "cached tokens")?,
-                output_tokens: count(v[5], v[6], "output tokens")?,
-                charge: Pen::from_picos(recombine(v[7], v[8])),
-            });
-        }
-    }
-    let mut top_ups = Vec::new();
-    {
-        let mut stmt = tx
-            .prepare(
-                "SELECT entry_id, at, delta, note FROM ledger
-                          WHERE tenant_id = ?1 AND kind = 'topup' AND at >= ?2 AND at < ?3
-                          ORDER BY at, entry_id",
-            )
-            .map_err(sql_err)?;
-        let rows = stmt
-            .query_map(params![tenant, lo, hi], |r| {
-                Ok(TopUp {
-                    id: r.get(0)?,
-                    tenant_id: tenant,
-                    at: r.get(1)?,
-                    amount: Pen::from_picos(i128::from(r.get::<_, i64>(2)?)),
-                    note: r.get::<_, Option<String>>(3)?.unwrap_or_default(),
-                })
-            })
-            .map_err(sql_err)?;
-        for row in rows {
-            top_ups.push(row.map_err(sql_err)?);
-        }
-    }
-    Ok(Statement {
-        total_charges: per_model.iter().map(|m| m.charge).sum(),
-        total_top_ups: top_ups.iter().map(|t| t.amount).sum(),
-        balance,
-        tenant: t,
-        from,
-        to,
-        per_model,
-        top_ups,
-    })
+    let head = tenant_with_balance(&tx, tenant)?;
+    let period = [Int(tenant), Int(lo), Int(hi)];
+    let per_model = query(&tx, &q::STATEMENT_MODELS, &period, q::model_totals)?;
+    let top_ups = query(&tx, &q::STATEMENT_TOP_UPS, &period, |c| {
+        q::top_up(c, tenant)
+    })?;
+    Ok(q::statement(head, (from, to), per_model, top_ups))
 }
 
-fn ledger_rows(conn: &mut Connection, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
+/// Request rows as a shared statement selects them (every column of `LEDGER_COLUMNS`).
+pub(super) fn ledger_rows_of(
+    conn: &Connection,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+) -> StoreResult<Vec<LedgerRow>> {
     let mut stmt = conn
-        .prepare(&format!(
-            "SELECT {} FROM ledger
-                      WHERE kind = 'request' AND (?1 IS NULL OR tenant_id = ?1)
-                      ORDER BY at, entry_id",
-            names(LEDGER_COLUMNS)
-        ))
+        .prepare_cached(sql.get(Backend::Sqlite))
         .map_err(sql_err)?;
     let rows = stmt
-        .query_map(params![tenant], RawLedgerRow::from_sqlite)
+        .query_map(
+            rusqlite::params_from_iter(values),
+            RawLedgerRow::from_sqlite,
+        )
         .map_err(sql_err)?;
     let mut out = Vec::new();
     for row in rows {
@@ -331,6 +231,7 @@ impl LedgerStore for SqliteStore {
     }
 
     async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
-        self.run(move |conn| ledger_rows(conn, tenant)).await
+        self.run(move |conn| ledger_rows_of(conn, &q::LEDGER_ROWS, &[OptInt(tenant)]))
+            .await
     }
 }
