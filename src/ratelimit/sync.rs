@@ -2,10 +2,11 @@
 //! billing runtime, never on a request's path.
 //!
 //! It wakes when a slot asks for a slice ([`super::shared::Fetch`]) and every [`TICK`], and
-//! sends everything due in **one** call ([`Store::take_quota`]): slices asked for (with the
-//! usage a slot reports beyond its last slice), tokens used beyond slices, slices an idle slot
-//! gives back ([`IDLE`]), and, in the last moments of a window ([`LEAD`]), a first slice of
-//! the next window for every slot used in this one, so the new window starts without a wait.
+//! sends everything due in **one** call ([`LeaseStore::take_quota`]): slices asked for (with
+//! the usage a slot reports beyond its last slice), tokens used beyond slices, slices an idle
+//! slot gives back ([`IDLE`]), and, in the last moments of a window ([`LEAD`]), a first slice
+//! of the next window for every slot used in this one, so the new window starts without a
+//! wait.
 //! Each answer also carries the store's clock, which aligns this replica's windows.
 //!
 //! When the store does not answer, slots that were waiting count alone for the rest of the
