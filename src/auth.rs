@@ -14,7 +14,7 @@ use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::keys::{constant_time_eq, hash_secret};
 use crate::metrics::TenantMeters;
 use crate::ratelimit::{RateCounters, Subject, Windows};
-use crate::store::{ActiveKey, KeyLimits, Store, StoreResult, TenantId};
+use crate::store::{ActiveKey, KeyLimits, StoreResult, TenantId, TenantStore};
 use crate::translate::wire;
 use arc_swap::ArcSwap;
 use http::HeaderMap;
@@ -119,7 +119,7 @@ impl KeySnapshot {
     }
 
     /// Reloads from the store if its keys version moved; returns whether it did.
-    pub async fn refresh(&self, store: &dyn Store) -> StoreResult<bool> {
+    pub async fn refresh(&self, store: &(impl TenantStore + ?Sized)) -> StoreResult<bool> {
         let version = store.keys_version().await?;
         if version == self.current.load().version {
             return Ok(false);

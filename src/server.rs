@@ -198,7 +198,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
         accounts.clone(),
     );
     m().build_info
-        .with_label_values(&[env!("CARGO_PKG_VERSION"), store.kind()])
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), store.kind().as_str()])
         .set(1);
     // Exported at 0 from the start, so an alert can fire on the first increase.
     for reason in ["error", "timeout"] {

@@ -18,7 +18,9 @@
 use quipu::keys;
 use quipu::money::Pen;
 use quipu::store::columns::{Column, LEDGER_COLUMNS, LEDGER_OTHER_COLUMNS, REJECT_COLUMNS};
-use quipu::store::{self, KeyLimits, LedgerRow, NewKey, Store, StoreError, TenantId};
+use quipu::store::{
+    self, KeyLimits, LeaseStore, LedgerRow, LedgerStore, NewKey, Store, StoreError, TenantId,
+};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -1266,11 +1268,14 @@ impl Rigged {
     }
 }
 
-#[async_trait::async_trait]
 impl Store for Rigged {
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> store::Backend {
         self.inner.kind()
     }
+}
+
+#[async_trait::async_trait]
+impl store::TenantStore for Rigged {
     async fn create_tenant(&self, name: &str) -> store::StoreResult<store::Tenant> {
         self.inner.create_tenant(name).await
     }
@@ -1295,6 +1300,10 @@ impl Store for Rigged {
     async fn active_keys(&self) -> store::StoreResult<(i64, Vec<store::ActiveKey>)> {
         self.inner.active_keys().await
     }
+}
+
+#[async_trait::async_trait]
+impl store::LedgerStore for Rigged {
     async fn top_up_once(
         &self,
         tenant: TenantId,
@@ -1317,6 +1326,21 @@ impl Store for Rigged {
     async fn rejected_rows(&self) -> store::StoreResult<Vec<RejectedRow>> {
         self.inner.rejected_rows().await
     }
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        from: Option<i64>,
+        to: Option<i64>,
+    ) -> store::StoreResult<store::Statement> {
+        self.inner.statement(tenant, from, to).await
+    }
+    async fn ledger_rows(&self, tenant: Option<TenantId>) -> store::StoreResult<Vec<LedgerRow>> {
+        self.inner.ledger_rows(tenant).await
+    }
+}
+
+#[async_trait::async_trait]
+impl store::LeaseStore for Rigged {
     async fn grant_lease(
         &self,
         replica: &str,
@@ -1354,17 +1378,20 @@ impl Store for Rigged {
     async fn drop_leases(&self, replica: &str) -> store::StoreResult<()> {
         self.inner.drop_leases(replica).await
     }
-    async fn statement(
+    async fn take_quota(
         &self,
-        tenant: TenantId,
-        from: Option<i64>,
-        to: Option<i64>,
-    ) -> store::StoreResult<store::Statement> {
-        self.inner.statement(tenant, from, to).await
+        asks: &[QuotaAsk],
+    ) -> store::StoreResult<(Vec<store::QuotaGrant>, i64)> {
+        self.check()?;
+        self.inner.take_quota(asks).await
     }
-    async fn ledger_rows(&self, tenant: Option<TenantId>) -> store::StoreResult<Vec<LedgerRow>> {
-        self.inner.ledger_rows(tenant).await
+    async fn expire_quota(&self, age_ms: i64) -> store::StoreResult<u64> {
+        self.inner.expire_quota(age_ms).await
     }
+}
+
+#[async_trait::async_trait]
+impl store::ResponseStore for Rigged {
     async fn put_responses(&self, rows: &[Arc<store::StoredResponse>]) -> store::StoreResult<u64> {
         self.inner.put_responses(rows).await
     }
@@ -1381,16 +1408,10 @@ impl Store for Rigged {
     async fn prune_responses(&self, before: i64, max_bytes: u64) -> store::StoreResult<u64> {
         self.inner.prune_responses(before, max_bytes).await
     }
-    async fn take_quota(
-        &self,
-        asks: &[QuotaAsk],
-    ) -> store::StoreResult<(Vec<store::QuotaGrant>, i64)> {
-        self.check()?;
-        self.inner.take_quota(asks).await
-    }
-    async fn expire_quota(&self, age_ms: i64) -> store::StoreResult<u64> {
-        self.inner.expire_quota(age_ms).await
-    }
+}
+
+#[async_trait::async_trait]
+impl store::ReplicaChannel for Rigged {
     async fn notify_replicas(&self, signal: &ReplicaSignal) -> store::StoreResult<bool> {
         self.inner.notify_replicas(signal).await
     }
@@ -1945,7 +1966,7 @@ async fn idle_leases_come_home_when_another_replica_is_short(fx: &Fixture) {
     );
     // b needs 0.50: nothing is unleased, 0.70 of a's lease is idle (0.20 is reserved).
     let got = b.reserve(t, soles("0.50")).await;
-    if sb.kind() == "sqlite" {
+    if sb.kind() == store::Backend::Sqlite {
         // One process on SQLite: no channel to other replicas; idle leases come home after a
         // few idle seconds only.
         assert!(matches!(got, Err(Refusal::Insufficient { .. })), "{got:?}");
@@ -1975,7 +1996,7 @@ async fn idle_leases_come_home_when_another_replica_is_short(fx: &Fixture) {
 /// home and requests are admitted while it lasts — none refused while it is there.
 async fn replicas_short_at_once_pool_their_idle_leases(fx: &Fixture) {
     let stores = [fx.open().await, fx.open().await, fx.open().await];
-    if stores[0].kind() == "sqlite" {
+    if stores[0].kind() == store::Backend::Sqlite {
         return; // One process: no channel to other replicas.
     }
     let t = tenant_with(&*stores[0], "acme", "1.00").await;

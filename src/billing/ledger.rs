@@ -2,9 +2,10 @@
 //!
 //! The request path's last step (`Gateway::finish`) hands each request's row to
 //! [`LedgerHandle::record`], which never blocks and wakes no other thread (an unbounded queue:
-//! rows are money and are never dropped; the queue depth is a metric). Every `flush_interval` the writer takes what queued
-//! and writes it in store transactions of up to `batch_rows` rows, keyed by request id, so a
-//! retried batch never charges twice. A failed write is retried with backoff, rows kept.
+//! rows are money and are never dropped; the queue depth is a metric). Every `flush_interval`
+//! the writer takes what queued and writes it in store transactions of up to `batch_rows` rows
+//! (the gathering is `store::batch`'s), keyed by request id, so a retried batch never charges
+//! twice. A failed write is retried with backoff, rows kept.
 //!
 //! A row the store can never write (an invalid value, an unknown tenant) must not hold up the
 //! rows behind it: such rows are caught before the write where possible, and a batch the store
@@ -30,62 +31,44 @@ use super::accounts::Accounts;
 use super::spill;
 use crate::metrics::m;
 use crate::money::Pen;
-use crate::store::StoreError;
-use crate::store::{LedgerRow, Store};
+use crate::store::batch::{self, BatchQueue, Sink};
+use crate::store::{LedgerRow, LedgerStore, Store, StoreError};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// Rows waiting for the writer. A plain vector under a mutex: the request path pushes (tens of
-/// nanoseconds, no wake-up of another thread), the writer swaps the vector out on its tick.
-struct Queue {
-    rows: Mutex<Vec<LedgerRow>>,
-    /// Rows owed to the store: queued, or taken by the writer and not yet written. Counted up
-    /// under the queue's lock (so the writer never takes a row before it is counted), down by
-    /// the writer once a batch is written (or set aside).
-    owed: AtomicUsize,
-    /// Rows owed at which admission stops (`store.max_unstored_rows`).
-    cap: usize,
-}
-
-impl Queue {
-    /// Rows not yet in the store: queued plus taken by the writer.
-    fn pending(&self) -> usize {
-        self.owed.load(Ordering::Relaxed)
-    }
-
-    fn publish(&self) {
-        m().ledger_queue.set(self.pending() as i64);
-    }
+/// The queue depth gauge: rows owed to the store.
+fn publish(owed: usize) {
+    m().ledger_queue.set(owed as i64);
 }
 
 /// Hands rows to the writer. Cheap to clone.
 #[derive(Clone)]
 pub struct LedgerHandle {
-    queue: Arc<Queue>,
+    queue: Arc<BatchQueue<LedgerRow>>,
+    /// Rows owed at which admission stops (`store.max_unstored_rows`).
+    cap: usize,
 }
 
 impl LedgerHandle {
     /// Queues a row; never blocks, never drops one.
     pub fn record(&self, row: LedgerRow) {
-        let mut rows = self.queue.rows.lock();
-        rows.push(row);
-        self.queue.owed.fetch_add(1, Ordering::Relaxed);
+        self.queue.push(row);
     }
 
     /// Rows not yet written: queued, or taken by the writer and not yet in the store.
     pub fn queued(&self) -> usize {
-        self.queue.pending()
+        self.queue.owed()
     }
 
     /// Whether `store.max_unstored_rows` rows are owed to the store: new billable requests
     /// must then be refused. No lock: one atomic load.
     pub fn backlogged(&self) -> bool {
-        self.queue.pending() >= self.queue.cap
+        self.queue.owed() >= self.cap
     }
 }
 
@@ -108,9 +91,9 @@ impl ShutdownPolicy {
 }
 
 /// The writer half. Run [`LedgerWriter::run`] on a runtime that outlives the proxy.
-pub struct LedgerWriter {
-    queue: Arc<Queue>,
-    store: Arc<dyn Store>,
+pub struct LedgerWriter<S: ?Sized = dyn Store> {
+    queue: Arc<BatchQueue<LedgerRow>>,
+    store: Arc<S>,
     accounts: Arc<Accounts>,
     flush_interval: Duration,
     batch_rows: usize,
@@ -133,22 +116,19 @@ enum Failure {
     OutOfTime,
 }
 
-pub fn channel(
-    store: Arc<dyn Store>,
+pub fn channel<S: LedgerStore + ?Sized>(
+    store: Arc<S>,
     accounts: Arc<Accounts>,
     flush_interval: Duration,
     batch_rows: usize,
     max_unstored_rows: usize,
     shutdown: ShutdownPolicy,
-) -> (LedgerHandle, LedgerWriter) {
-    let queue = Arc::new(Queue {
-        rows: Mutex::new(Vec::new()),
-        owed: AtomicUsize::new(0),
-        cap: max_unstored_rows.max(1),
-    });
+) -> (LedgerHandle, LedgerWriter<S>) {
+    let queue = Arc::new(BatchQueue::default());
     (
         LedgerHandle {
             queue: queue.clone(),
+            cap: max_unstored_rows.max(1),
         },
         LedgerWriter {
             queue,
@@ -165,27 +145,42 @@ pub fn channel(
     )
 }
 
-impl LedgerWriter {
+/// The writer's batches go to the store, with the ledger's failure policy (see the module
+/// docs); the queue gauge follows what is owed.
+impl<S: LedgerStore + ?Sized> Sink<LedgerRow> for LedgerWriter<S> {
+    async fn write(&self, batch: Vec<LedgerRow>) {
+        self.write_batch(batch).await;
+    }
+
+    fn taken(&self, taken: usize, owed: usize) {
+        publish(owed);
+        crate::threads::note_ledger_backlog(taken);
+    }
+
+    fn paid(&self, owed: usize) {
+        publish(owed);
+    }
+}
+
+impl<S: LedgerStore + ?Sized> LedgerWriter<S> {
     /// Writes what has queued every flush interval until `stop` turns true (or its sender is
-    /// dropped); then writes whatever is still queued and returns how many rows it could not
-    /// store (they are in a spill file, or failing that in the error log; see the module docs).
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> usize {
+    /// dropped); then writes whatever is still queued (requests still settling after the
+    /// signal, which the drain watcher waits for, land in that last pass) and returns how many
+    /// rows it could not store (they are in a spill file, or failing that in the error log; see
+    /// the module docs).
+    pub async fn run(mut self, stop: watch::Receiver<bool>) -> usize {
         self.stop = Some(stop.clone());
-        let mut tick = tokio::time::interval(self.flush_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let stopping = tokio::select! {
-                _ = tick.tick() => false,
-                _ = stop.wait_for(|s| *s) => true,
-            };
-            self.drain().await;
-            if stopping {
-                // Requests still settling after the signal (the drain watcher waits for them)
-                // land here on the last pass.
-                self.drain().await;
-                return self.spill();
-            }
-        }
+        let queue = Arc::clone(&self.queue);
+        batch::run(
+            &queue,
+            &self,
+            self.flush_interval,
+            self.batch_rows,
+            Some(stop),
+        )
+        .await;
+        publish(queue.owed());
+        self.spill()
     }
 
     /// Whether shutdown has started.
@@ -305,23 +300,8 @@ impl LedgerWriter {
         n
     }
 
-    async fn drain(&self) {
-        let mut rows = std::mem::take(&mut *self.queue.rows.lock());
-        self.queue.publish();
-        crate::threads::note_ledger_backlog(rows.len());
-        while !rows.is_empty() {
-            let rest = rows.split_off(rows.len().min(self.batch_rows));
-            let n = rows.len();
-            self.write(rows).await;
-            self.queue.owed.fetch_sub(n, Ordering::Relaxed);
-            self.queue.publish();
-            rows = rest;
-        }
-        self.queue.publish();
-    }
-
     /// Writes a batch; rows that can never be written are set aside (see the module docs).
-    async fn write(&self, batch: Vec<LedgerRow>) {
+    async fn write_batch(&self, batch: Vec<LedgerRow>) {
         if self.out_of_time.load(Ordering::Relaxed) {
             self.set_aside(batch);
             return;
@@ -419,7 +399,7 @@ impl LedgerWriter {
                         .with_label_values(&["error"])
                         .observe(started.elapsed().as_secs_f64());
                     // Rows are still arriving while the store is away: keep the gauge true.
-                    self.queue.publish();
+                    publish(self.queue.owed());
                     match self.deadline() {
                         None => log::error!(
                             "ledger write of {} rows failed, retrying in {backoff:?}: {e}",
@@ -466,7 +446,7 @@ impl LedgerWriter {
             match result {
                 Ok(()) => break,
                 Err(e) if e.is_transient() => {
-                    self.queue.publish();
+                    publish(self.queue.owed());
                     log::error!(
                         "storing rejected ledger row {} failed, retrying in {backoff:?}: {e}",
                         row.request_id

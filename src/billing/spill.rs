@@ -1,9 +1,9 @@
 //! Ledger spill files: where the ledger writer puts the rows it could not store before a
 //! shutdown, so that an unreachable store costs no charge.
 //!
-//! A spill file is JSON Lines: one ledger row per line, as [`LedgerRow::to_json_object`] writes
-//! it (money as decimal strings of integer pico-soles), plus `"replica"`, the replica that
-//! admitted the request. `quipu ledger import` replays such files through the store's normal,
+//! A spill file is JSON Lines: one ledger row per line, as [`LedgerRow::to_json`] writes it
+//! (money as decimal strings of integer pico-soles), plus `"replica"`, the replica that admitted
+//! the request. `quipu ledger import` replays such files through the store's normal,
 //! idempotent ledger write (see [`crate::ops::import_ledger`]).
 //!
 //! Files are named `ledger-spill-<replica>-<UTC time>.jsonl` and written to a hidden temporary
@@ -30,11 +30,21 @@ pub struct Spilled {
     pub row: LedgerRow,
 }
 
+/// One line of a spill file as written: the replica, then the row's fields.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    replica: &'a str,
+    #[serde(flatten)]
+    row: &'a LedgerRow,
+}
+
 /// One line of a spill file (without the newline).
 pub fn encode_line(replica: &str, row: &LedgerRow) -> String {
-    let mut o = row.to_json_object();
-    o.insert("replica".into(), replica.into());
-    serde_json::Value::Object(o).to_string()
+    #[expect(
+        clippy::expect_used,
+        reason = "a ledger row and a string under fixed names always serialize"
+    )]
+    serde_json::to_string(&Line { replica, row }).expect("a spill line serializes")
 }
 
 /// Reads one line of a spill file.
@@ -53,7 +63,7 @@ pub fn decode_line(line: &str) -> Result<Spilled, String> {
         Some(other) => return Err(format!("field \"replica\" must be a string, got {other}")),
         None => return Err("field \"replica\" is missing".into()),
     };
-    let row = LedgerRow::from_json_object(&o)?;
+    let row = LedgerRow::from_json_value(serde_json::Value::Object(o))?;
     Ok(Spilled { replica, row })
 }
 
@@ -258,6 +268,31 @@ mod tests {
             (Vec::new(), Vec::new())
         );
         let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+    }
+
+    #[test]
+    fn lines_read_back_and_so_do_those_of_older_versions() {
+        let row = row("a", 1_050_000);
+        assert_eq!(
+            decode_line(&encode_line("host:12~00ff", &row)),
+            Ok(Spilled {
+                replica: "host:12~00ff".into(),
+                row: row.clone()
+            })
+        );
+        // As the hand-written encoder of earlier versions wrote it: keys sorted.
+        let older = "{\"at\":1793491200000,\"cached_tokens\":\"2\",\"charge_picos\":\"1050000\",\
+                     \"format\":\"chat\",\"http_status\":200,\"input_estimated\":false,\
+                     \"input_tokens\":\"10\",\"key_id\":\"key_x\",\"model\":\"apu\",\
+                     \"output_tokens\":\"5\",\"replica\":\"host:12~00ff\",\"request_id\":\"a\",\
+                     \"status\":\"ok\",\"tenant_id\":3,\"unbilled_picos\":\"0\"}";
+        assert_eq!(
+            decode_line(older),
+            Ok(Spilled {
+                replica: "host:12~00ff".into(),
+                row
+            })
+        );
     }
 
     #[test]

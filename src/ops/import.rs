@@ -5,7 +5,7 @@ use super::text::soles_text;
 use super::{OpsError, OpsResult, Render};
 use crate::billing::spill;
 use crate::money::{self, Pen};
-use crate::store::{Store, StoreError, TenantId};
+use crate::store::{LedgerStore, StoreError, TenantId};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -127,7 +127,10 @@ impl Render for LedgerImport {
 ///
 /// Every file is read and checked before anything is written: a damaged file fails the
 /// command with its name and line, and nothing is imported.
-pub async fn import_ledger(store: &dyn Store, files: &[PathBuf]) -> OpsResult<LedgerImport> {
+pub async fn import_ledger(
+    store: &(impl LedgerStore + ?Sized),
+    files: &[PathBuf],
+) -> OpsResult<LedgerImport> {
     if files.is_empty() {
         return Err(OpsError::Invalid(
             "name the spill files to import, e.g. quipu ledger import data/ledger-spill/*.jsonl"
@@ -167,7 +170,7 @@ fn pen_of(decimal: &str) -> Pen {
 }
 
 async fn import_file(
-    store: &dyn Store,
+    store: &(impl LedgerStore + ?Sized),
     path: &Path,
     rows: Vec<spill::Spilled>,
 ) -> OpsResult<ImportedFile> {

@@ -5,7 +5,7 @@ use super::tenants::tenant_id;
 use super::text::{group_digits, human_time_text, rfc3339, Table};
 use super::{OpsError, OpsResult, Render, MAX_LABEL};
 use crate::keys;
-use crate::store::{KeyInfo, KeyLimits, NewKey, Store, StoreError};
+use crate::store::{KeyInfo, KeyLimits, NewKey, StoreError, TenantStore};
 use serde::Serialize;
 
 /// Limits as JSON shows them: `null` = the configured default.
@@ -59,7 +59,7 @@ impl Render for KeyCreated {
 }
 
 pub async fn create_key(
-    store: &dyn Store,
+    store: &(impl TenantStore + ?Sized),
     tenant_name: &str,
     label: &str,
     limits: KeyLimits,
@@ -124,7 +124,10 @@ impl Render for KeyRevoked {
     }
 }
 
-pub async fn revoke_key(store: &dyn Store, key_id: &str) -> OpsResult<KeyRevoked> {
+pub async fn revoke_key(
+    store: &(impl TenantStore + ?Sized),
+    key_id: &str,
+) -> OpsResult<KeyRevoked> {
     let revoked_now = store.revoke_key(key_id).await.map_err(|e| match e {
         StoreError::NotFound(_) => OpsError::NotFound(format!(
             "no key with id \"{key_id}\"; key ids look like key_0123456789ab, see quipu key list"
@@ -200,7 +203,10 @@ fn key_line(k: KeyInfo) -> KeyLine {
     }
 }
 
-pub async fn list_keys(store: &dyn Store, tenant_name: Option<&str>) -> OpsResult<KeyList> {
+pub async fn list_keys(
+    store: &(impl TenantStore + ?Sized),
+    tenant_name: Option<&str>,
+) -> OpsResult<KeyList> {
     let tenant = match tenant_name {
         Some(name) => Some(tenant_id(store, name).await?),
         None => None,

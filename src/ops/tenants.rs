@@ -3,7 +3,7 @@
 
 use super::text::{human_time_text, rfc3339, soles_text, Table};
 use super::{OpsError, OpsResult, Render, MAX_TENANT_NAME};
-use crate::store::{Store, StoreError, TenantId};
+use crate::store::{StoreError, TenantId, TenantStore};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -39,7 +39,10 @@ pub fn validate_tenant_name(name: &str) -> OpsResult<()> {
     Ok(())
 }
 
-pub async fn create_tenant(store: &dyn Store, name: &str) -> OpsResult<TenantCreated> {
+pub async fn create_tenant(
+    store: &(impl TenantStore + ?Sized),
+    name: &str,
+) -> OpsResult<TenantCreated> {
     validate_tenant_name(name)?;
     let t = store.create_tenant(name).await.map_err(|e| match e {
         StoreError::Conflict(_) => OpsError::Conflict(format!(
@@ -98,7 +101,7 @@ impl Render for TenantList {
     }
 }
 
-pub async fn list_tenants(store: &dyn Store) -> OpsResult<TenantList> {
+pub async fn list_tenants(store: &(impl TenantStore + ?Sized)) -> OpsResult<TenantList> {
     let tenants = store
         .list_tenants()
         .await?
@@ -116,7 +119,10 @@ pub async fn list_tenants(store: &dyn Store) -> OpsResult<TenantList> {
 }
 
 /// The id of the tenant named `name`, or the error that tells the operator how to find it.
-pub(super) async fn tenant_id(store: &dyn Store, name: &str) -> OpsResult<TenantId> {
+pub(super) async fn tenant_id(
+    store: &(impl TenantStore + ?Sized),
+    name: &str,
+) -> OpsResult<TenantId> {
     match store.tenant_by_name(name).await? {
         Some(t) => Ok(t.id),
         None => Err(OpsError::NotFound(format!(

@@ -10,8 +10,8 @@
 //!   context.
 //! - **Stored.** A finished response is queued for the store after its last byte went out
 //!   ([`write_finished`], from `serve`) and kept in memory until the writer (a task of the
-//!   billing runtime, like the ledger's) has stored it, in batches of one transaction: a
-//!   conversation continued at once reads it from there. Responses waiting for the store are
+//!   billing runtime, gathering as the ledger's does: `store::batch`) has stored it, in
+//!   batches of one transaction: a conversation continued at once reads it from there. Responses waiting for the store are
 //!   bounded in bytes (`responses.max_queued_mib`): beyond, a response is not stored (logged).
 //!   A failed response is not stored; a batch the store refuses is logged and dropped. Each
 //!   outcome is counted (`quipu_stored_responses_total{result}`).
@@ -22,6 +22,7 @@ use super::{Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::m;
 use crate::route::{stored_response_path, ApiRoute};
+use crate::store::batch::{self, BatchQueue, Sink};
 use crate::store::{now_ms, Store, StoreError, StoredResponse, TenantId};
 use crate::translate::responses::request::{parse_request, responses_to_upstream, Prior};
 use crate::translate::responses::stored::{deleted, list_input_items, ListQuery};
@@ -35,7 +36,6 @@ use pingora::protocols::http::ServerSession;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::mpsc;
 
 /// What a Responses API request carries beyond an [`UpstreamRequest`], from translation to
 /// the store.
@@ -70,12 +70,12 @@ impl Turn {
 /// Most responses the writer stores in one transaction.
 const WRITE_BATCH: usize = 256;
 
-/// How long the writer waits, once a response has arrived, for more to share its transaction.
-/// A transaction (with SQLite, a write lock, a commit and an fsync) costs far more than a row:
-/// under load this turns one transaction per response into one per interval, as the ledger's
-/// flush interval does for ledger rows. A response waiting for the store is served from memory
-/// meanwhile, so nobody waits for it.
-const WRITE_LINGER: std::time::Duration = std::time::Duration::from_millis(10);
+/// How often the writer takes what queued, for one transaction. A transaction (with SQLite, a
+/// write lock, a commit and an fsync) costs far more than a row: under load this turns one
+/// transaction per response into one per interval, as the ledger's flush interval does for
+/// ledger rows. A response waiting for the store is served from memory meanwhile, so nobody
+/// waits for it.
+const WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The store of responses, and what is waiting for it.
 pub struct StoredResponses {
@@ -84,7 +84,7 @@ pub struct StoredResponses {
     queued: AtomicUsize,
     max_queued: usize,
     pending: Mutex<Pending>,
-    queue: mpsc::UnboundedSender<Arc<StoredResponse>>,
+    queue: BatchQueue<Arc<StoredResponse>>,
 }
 
 /// What the writer has not finished with.
@@ -106,15 +106,17 @@ impl StoredResponses {
         rt: &tokio::runtime::Handle,
         max_queued: usize,
     ) -> Arc<Self> {
-        let (queue, rx) = mpsc::unbounded_channel();
         let this = Arc::new(StoredResponses {
             store,
             queued: AtomicUsize::new(0),
             max_queued,
             pending: Mutex::new(Pending::default()),
-            queue,
+            queue: BatchQueue::default(),
         });
-        rt.spawn(writer(Arc::clone(&this), rx));
+        let writer = Arc::clone(&this);
+        rt.spawn(async move {
+            batch::run(&writer.queue, &*writer, WRITE_INTERVAL, WRITE_BATCH, None).await;
+        });
         for result in ["stored", "queue_full", "failed", "invalid"] {
             m().stored_responses.with_label_values(&[result]);
         }
@@ -183,27 +185,16 @@ impl StoredResponses {
     }
 }
 
-/// Stores queued responses, up to [`WRITE_BATCH`] per transaction, gathering for
-/// [`WRITE_LINGER`] after the first arrives. A response deleted before its batch is written
-/// is left out of it; one deleted while the batch was being written is deleted from the store
-/// again, and reads as missing meanwhile (its id is in `Pending::deleted`). A batch the store
-/// refuses is logged and dropped: stored responses are a convenience the store's outage may
-/// cost, never a charge.
-async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<StoredResponse>>) {
-    let mut batch: Vec<Arc<StoredResponse>> = Vec::with_capacity(WRITE_BATCH);
-    while rx.recv_many(&mut batch, WRITE_BATCH).await > 0 {
-        if batch.len() < WRITE_BATCH {
-            tokio::time::sleep(WRITE_LINGER).await;
-            while batch.len() < WRITE_BATCH {
-                match rx.try_recv() {
-                    Ok(row) => batch.push(row),
-                    Err(_) => break,
-                }
-            }
-        }
+/// Stores queued responses, up to [`WRITE_BATCH`] per transaction, what queued every
+/// [`WRITE_INTERVAL`]. A response deleted before its batch is written is left out of it; one
+/// deleted while the batch was being written is deleted from the store again, and reads as
+/// missing meanwhile (its id is in `Pending::deleted`). A batch the store refuses is logged and
+/// dropped: stored responses are a convenience the store's outage may cost, never a charge.
+impl Sink<Arc<StoredResponse>> for StoredResponses {
+    async fn write(&self, mut batch: Vec<Arc<StoredResponse>>) {
         let bytes: u64 = batch.iter().map(|r| r.size()).sum();
         {
-            let mut pending = this.pending.lock();
+            let mut pending = self.pending.lock();
             batch.retain(|r| {
                 let kept = pending.rows.contains_key(&r.id);
                 if !kept {
@@ -213,7 +204,7 @@ async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<
             });
         }
         if !batch.is_empty() {
-            let result = match this.store.put_responses(&batch).await {
+            let result = match self.store.put_responses(&batch).await {
                 Ok(_) => "stored",
                 Err(e) => {
                     log::error!("{} stored responses not written: {e}", batch.len());
@@ -225,7 +216,7 @@ async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<
                 .inc_by(batch.len() as u64);
         }
         let deleted: Vec<(TenantId, String)> = {
-            let mut pending = this.pending.lock();
+            let mut pending = self.pending.lock();
             batch
                 .iter()
                 .filter(|r| pending.rows.remove(&r.id).is_none())
@@ -233,18 +224,17 @@ async fn writer(this: Arc<StoredResponses>, mut rx: mpsc::UnboundedReceiver<Arc<
                 .collect()
         };
         for (tenant, id) in deleted {
-            match this.store.delete_response(tenant, &id).await {
+            match self.store.delete_response(tenant, &id).await {
                 Ok(_) => {
-                    this.pending.lock().deleted.remove(&id);
+                    self.pending.lock().deleted.remove(&id);
                 }
                 // Its id stays in `deleted`, so it keeps reading as missing; the retention
                 // removes the row.
                 Err(e) => log::error!("stored response {id}, deleted while written: {e}"),
             }
         }
-        this.queued
+        self.queued
             .fetch_sub(usize::try_from(bytes).unwrap_or(0), Ordering::SeqCst);
-        batch.clear();
     }
 }
 
@@ -433,9 +423,7 @@ pub fn write_finished(gw: &Gateway, ctx: &mut RequestCtx) {
         .lock()
         .rows
         .insert(row.id.clone(), Arc::clone(&row));
-    if shared.queue.send(row).is_err() {
-        log::error!("stored responses: the writer has stopped");
-    }
+    shared.queue.push(row);
 }
 
 /// Deletes stored responses past the retention, then each tenant's oldest beyond its cap,

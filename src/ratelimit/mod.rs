@@ -44,7 +44,7 @@ mod sync;
 pub use local::WindowCount;
 
 use crate::config::{LimitEngine, Limits};
-use crate::store::{KeyLimits, Store, TenantId};
+use crate::store::{Backend, KeyLimits, LeaseStore, Store, TenantId};
 use shared::{Dim, Shared, Slot};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -240,7 +240,7 @@ impl RateLimiter {
         let shared = match defaults.engine {
             LimitEngine::Store => true,
             LimitEngine::Local => false,
-            LimitEngine::Auto => store.kind() == "postgres",
+            LimitEngine::Auto => store.kind() == Backend::Postgres,
         };
         let mut rl = RateLimiter::new(defaults);
         if !shared {
@@ -377,7 +377,11 @@ impl RateLimiter {
 
     /// Gives back to the store the slices this replica holds and has not used (at shutdown,
     /// so the other replicas can use them this window). Best effort, bounded by `timeout`.
-    pub async fn give_back(&self, store: &dyn Store, timeout: std::time::Duration) {
+    pub async fn give_back(
+        &self,
+        store: &(impl LeaseStore + ?Sized),
+        timeout: std::time::Duration,
+    ) {
         if let Some(shared) = &self.shared {
             sync::give_back(shared, store, timeout).await;
         }

@@ -2,10 +2,11 @@
 //! billing runtime, never on a request's path.
 //!
 //! It wakes when a slot asks for a slice ([`super::shared::Fetch`]) and every [`TICK`], and
-//! sends everything due in **one** call ([`Store::take_quota`]): slices asked for (with the
-//! usage a slot reports beyond its last slice), tokens used beyond slices, slices an idle slot
-//! gives back ([`IDLE`]), and, in the last moments of a window ([`LEAD`]), a first slice of
-//! the next window for every slot used in this one, so the new window starts without a wait.
+//! sends everything due in **one** call ([`LeaseStore::take_quota`]): slices asked for (with
+//! the usage a slot reports beyond its last slice), tokens used beyond slices, slices an idle
+//! slot gives back ([`IDLE`]), and, in the last moments of a window ([`LEAD`]), a first slice
+//! of the next window for every slot used in this one, so the new window starts without a
+//! wait.
 //! Each answer also carries the store's clock, which aligns this replica's windows.
 //!
 //! When the store does not answer, slots that were waiting count alone for the rest of the
@@ -15,7 +16,7 @@
 use super::shared::{Dim, Fetch, Shared};
 use super::{Now, RateCounters};
 use crate::metrics::m;
-use crate::store::{QuotaAsk, QuotaGrant, Store};
+use crate::store::{LeaseStore, QuotaAsk, QuotaGrant, Store};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -205,7 +206,12 @@ fn fail(batch: Batch, now: &Now) {
 }
 
 /// Sends `batch` to the store and applies the answer; returns whether the store answered.
-async fn send(shared: &Shared, store: &dyn Store, batch: Batch, now: &Now) -> bool {
+async fn send(
+    shared: &Shared,
+    store: &(impl LeaseStore + ?Sized),
+    batch: Batch,
+    now: &Now,
+) -> bool {
     if batch.entries.is_empty() {
         return true;
     }
@@ -277,7 +283,11 @@ pub(super) async fn run(
 }
 
 /// Gives back every unused slice of the current and next window (at shutdown).
-pub(super) async fn give_back(shared: &Shared, store: &dyn Store, timeout: Duration) {
+pub(super) async fn give_back(
+    shared: &Shared,
+    store: &(impl LeaseStore + ?Sized),
+    timeout: Duration,
+) {
     let now = shared.clock.now();
     let window_ms = shared.clock.window_ms();
     let mut batch = Batch::default();

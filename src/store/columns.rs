@@ -203,16 +203,8 @@ pub(crate) fn names(columns: &[Column]) -> String {
         .join(", ")
 }
 
-/// `?1, ?2, …` for SQLite.
-pub(crate) fn sqlite_placeholders(columns: &[Column]) -> String {
-    (1..=columns.len())
-        .map(|i| format!("?{i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `$1, $2, …` for PostgreSQL.
-pub(crate) fn pg_placeholders(columns: &[Column]) -> String {
+/// `$1, $2, …` (see `sql::Sql` for SQLite's).
+pub(crate) fn placeholders(columns: &[Column]) -> String {
     (1..=columns.len())
         .map(|i| format!("${i}"))
         .collect::<Vec<_>>()
@@ -239,8 +231,7 @@ mod tests {
     fn statements_are_built_from_the_list() {
         let cols = &LEDGER_COLUMNS[..2];
         assert_eq!(names(cols), "entry_id, tenant_id");
-        assert_eq!(sqlite_placeholders(cols), "?1, ?2");
-        assert_eq!(pg_placeholders(cols), "$1, $2");
+        assert_eq!(placeholders(cols), "$1, $2");
         assert_eq!(
             unnest(cols, "u"),
             "UNNEST($1::text[], $2::bigint[]) AS u(entry_id, tenant_id)"

@@ -1,16 +1,59 @@
 //! Durable state: tenants, API keys, the money ledger and balance leases, and the stored
 //! responses of the Responses API.
 //!
-//! One trait, [`Store`], two implementations: SQLite (the embedded default, one file) and
-//! PostgreSQL (several gateway replicas sharing tenants, keys, balances and the ledger). Both
-//! run the same schema migrations at start and pass the same test suite
-//! (`tests/store_suite.rs`).
+//! The store is a few traits with one job each, and [`Store`], all of them together:
+//!
+//! | trait | owns |
+//! |---|---|
+//! | [`TenantStore`] | tenants, API keys, the keys version and the active keys |
+//! | [`LedgerStore`] | top-ups, balances, request rows and the ones refused, statements |
+//! | [`LeaseStore`] | replicas' leases on balances, and the shared rate windows |
+//! | [`ResponseStore`] | stored responses |
+//! | [`ReplicaChannel`] | signals between replicas (PostgreSQL `LISTEN`/`NOTIFY`) |
+//! | [`UsageStore`] | the account API's reads (see [`usage`]) |
+//!
+//! Two implementations: SQLite (the embedded default, one file) and PostgreSQL (several
+//! gateway replicas sharing tenants, keys, balances and the ledger). Each implements each
+//! trait in the file of its concern (`sqlite/tenants.rs`, `postgres/leases.rs`, …);
+//! `sqlite.rs` and `postgres.rs` only open, connect and migrate. Both run the same schema
+//! migrations at start and pass the same test suite (`tests/store_suite.rs`).
 //!
 //! The request path never waits on a store: keys are served from an in-memory snapshot that a
-//! background task refreshes from [`Store::active_keys`] when [`Store::keys_version`] moves,
-//! and ledger rows are written in batches by a background writer. The only store call that a
-//! request can wait on is [`Store::acquire_lease`], when its replica's lease on the tenant's
-//! balance runs short (see `billing`).
+//! background task refreshes from [`TenantStore::active_keys`] when
+//! [`TenantStore::keys_version`] moves, and ledger rows are written in batches by a background
+//! writer ([`batch`]). The only store call that a request can wait on is
+//! [`LeaseStore::grant_lease`], when its replica's lease on the tenant's balance runs short
+//! (see `billing`).
+//!
+//! ## One SQL text for both dialects
+//!
+//! Where SQLite and PostgreSQL agree, a statement is written once, in [`sql`]: a small dialect
+//! layer of our own (PostgreSQL's `$N` placeholders rewritten to SQLite's `?N` once per
+//! statement, a handful of fragments where the dialects differ — the parts of an exact sum,
+//! bytewise collation, row locks) and a column cursor that reads a row of either driver, so
+//! a sum that is two split integer columns on SQLite and one `NUMERIC` on PostgreSQL decodes
+//! through one function. Each statement's text is built on first use and kept; the request
+//! path (the ledger writer's `record`, lease calls) pays nothing it did not pay before. What
+//! stays per backend differs by design: transactions and locking, the money-moving writes
+//! (SQLite computes running amounts in Rust on TEXT columns; PostgreSQL in `NUMERIC` under
+//! row locks, batched through `UNNEST`), the roll-up upserts, rate windows and clocks, and the
+//! migrations (each dialect's DDL, frozen once released).
+//!
+//! Why not a library:
+//! - **`sqlx`** would replace both drivers (rusqlite, tokio-postgres) and the pool, and still
+//!   not write the SQL once: its `Any` driver neither rewrites placeholders nor carries
+//!   `NUMERIC` beyond i64 or typed parameters (`query_typed`, one round trip), and its
+//!   compile-time checking needs a live database or checked-in query data for both dialects.
+//!   A rewrite of every store call, for none of the sharing.
+//! - **`sea-query`** builds SQL from a Rust AST on every call (allocations and formatting per
+//!   query, on the ledger writer and lease paths too unless cached by hand, which is what
+//!   [`sql::Sql`] already is), brings its own value and binder crates for each driver, and
+//!   expresses none of what differs here — split-integer sums, `NUMERIC` arithmetic,
+//!   `UNNEST` batches, `FOR NO KEY UPDATE`, `COLLATE "C"` — without raw fragments, so the
+//!   per-dialect text would remain, inside a builder.
+//!
+//! The column lists of whole rows (the ledger's request rows, the dead-letter table) are
+//! [`columns`]'s, with their binding and reading generated per driver.
 //!
 //! ## Money in the ledger
 //!
@@ -27,12 +70,12 @@
 //! balance and the recording replica's lease. Leases carry a heartbeat; a replica that died
 //! holding one loses it after a timeout. A replica that refuses a request for balance that
 //! sits in other replicas' leases tells them to return what they hold idle
-//! ([`Store::notify_replicas`], PostgreSQL `NOTIFY`; see `billing::accounts`).
+//! ([`ReplicaChannel::notify_replicas`], PostgreSQL `NOTIFY`; see `billing::accounts`).
 //!
 //! ## Shared rate windows
 //!
 //! With several replicas, a key's requests and tokens per window are counted in the store
-//! ([`Store::take_quota`]): each replica takes a slice of a window's quota in one statement,
+//! ([`LeaseStore::take_quota`]): each replica takes a slice of a window's quota in one statement,
 //! admits against it in memory and gives back what it did not use (see `ratelimit`).
 //!
 //! ## Usage
@@ -41,11 +84,12 @@
 //! requests and top-ups) comes from roll-ups that `record` keeps in the same transaction as the
 //! ledger rows: see [`usage`].
 
+pub mod batch;
 pub mod columns;
 pub mod postgres;
-mod responses;
 mod rows;
 pub mod schema;
+pub mod sql;
 mod sql_money;
 pub mod sqlite;
 pub mod usage;
@@ -125,7 +169,13 @@ pub struct ActiveKey {
 
 /// One request's ledger entry. `request_id` is the idempotency key: recording the same id twice
 /// changes nothing the second time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its JSON (the dead-letter table's `row_json`, the lines of a ledger spill file; see
+/// [`LedgerRow::to_json`]) is these fields under these names, money and token counts as decimal
+/// strings. Spill files written by older versions (the same fields, in alphabetical order)
+/// read back as they are: keep the names and formats.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LedgerRow {
     pub request_id: String,
     pub at: UnixMs,
@@ -136,16 +186,21 @@ pub struct LedgerRow {
     /// `chat` or `messages`.
     pub format: String,
     /// All prompt tokens, cached ones included (upstream semantics, see `usage`).
+    #[serde(with = "rows::count_text")]
     pub input_tokens: u64,
+    #[serde(with = "rows::count_text")]
     pub cached_tokens: u64,
+    #[serde(with = "rows::count_text")]
     pub output_tokens: u64,
     /// The exact charge (≥ 0).
+    #[serde(rename = "charge_picos", with = "rows::picos_text")]
     pub charge: Pen,
     /// `ok`, `client_disconnected`, `upstream_error`, `timeout`, …
     pub status: String,
     pub http_status: u16,
     /// What the tokens would have cost beyond the request's reservation, which caps every
     /// charge (see `billing`): not charged, recorded so the operator sees it. Usually zero.
+    #[serde(rename = "unbilled_picos", with = "rows::picos_text")]
     pub unbilled: Pen,
     /// `input_tokens` is the gateway's estimate, because the upstream reported none (a cut
     /// stream, or an upstream that sends usage only at the end).
@@ -173,7 +228,7 @@ pub struct TopUp {
     pub note: String,
 }
 
-/// What [`Store::top_up_once`] did.
+/// What [`LedgerStore::top_up_once`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopUpOutcome {
     pub top_up: TopUp,
@@ -184,7 +239,7 @@ pub struct TopUpOutcome {
     pub replayed: bool,
 }
 
-/// What a replica asks of [`Store::grant_lease`].
+/// What a replica asks of [`LeaseStore::grant_lease`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseAsk {
     /// What the request at hand needs beyond the replica's lease.
@@ -208,7 +263,7 @@ impl LeaseAsk {
 /// charged, `spent` (the charges recorded against it, ever) and the row's `version`.
 pub use quipu_core::billing::book::Reading as LeaseReading;
 
-/// What [`Store::grant_lease`] did.
+/// What [`LeaseStore::grant_lease`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseGrant {
     /// The replica's lease row after the grant.
@@ -230,7 +285,7 @@ impl From<LeaseGrant> for quipu_core::billing::book::GrantReply {
     }
 }
 
-/// What [`Store::record`] did.
+/// What [`LedgerStore::record`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recorded {
     /// Rows that were new (the others were in the ledger already).
@@ -289,7 +344,7 @@ pub struct QuotaAsk {
     pub limit: u64,
 }
 
-/// What [`Store::take_quota`] did for one ask.
+/// What [`LeaseStore::take_quota`] did for one ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuotaGrant {
     /// Taken for the asking replica now (at most `want`).
@@ -391,13 +446,44 @@ impl std::error::Error for StoreError {}
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The store. Its account-API reads are the supertrait [`UsageStore`] (`usage`), which every
-/// backend implements beside this.
-#[async_trait]
-pub trait Store: UsageStore + Send + Sync {
-    /// `sqlite` or `postgres`.
-    fn kind(&self) -> &'static str;
+/// Which database a store runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// One file, one process writing at a time (the embedded default).
+    Sqlite,
+    /// A server shared by several gateway replicas.
+    Postgres,
+}
 
+impl Backend {
+    /// `sqlite` or `postgres` (the `build_info` metric's label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The whole store: every concern's trait, each backend implementing each one in the file of
+/// its concern (`sqlite/tenants.rs`, `postgres/leases.rs`, …). `Arc<dyn Store>` is what the
+/// gateway passes around; a caller that needs one concern takes that trait (generic over
+/// `S: LedgerStore + ?Sized`, which `dyn Store` satisfies).
+pub trait Store:
+    TenantStore + LedgerStore + LeaseStore + ResponseStore + ReplicaChannel + UsageStore
+{
+    fn kind(&self) -> Backend;
+}
+
+/// Tenants and their API keys, and what the gateway's key table polls and loads.
+#[async_trait]
+pub trait TenantStore: Send + Sync {
     async fn create_tenant(&self, name: &str) -> StoreResult<Tenant>;
     async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>>;
     async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>>;
@@ -410,13 +496,17 @@ pub trait Store: UsageStore + Send + Sync {
     async fn keys_version(&self) -> StoreResult<i64>;
     /// Every unrevoked key, with the keys version it corresponds to.
     async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)>;
+}
 
+/// The money journal: top-ups, balances, request rows (and the ones refused), statements.
+#[async_trait]
+pub trait LedgerStore: Send + Sync {
     /// Adds money to a tenant's balance (a positive ledger entry). Policy (minimum amount)
     /// belongs to the caller.
     async fn top_up(&self, tenant: TenantId, amount: Pen, note: &str) -> StoreResult<TopUp> {
         Ok(self.top_up_once(tenant, amount, note, None).await?.top_up)
     }
-    /// [`Store::top_up`], returning the balance after it (same transaction). With an
+    /// [`LedgerStore::top_up`], returning the balance after it (same transaction). With an
     /// `idempotency_key`, a second call with the same key adds nothing and returns the first
     /// top-up (`replayed`); the same key with another tenant or amount is a `Conflict`.
     async fn top_up_once(
@@ -440,6 +530,21 @@ pub trait Store: UsageStore + Send + Sync {
     /// The dead-letter table, oldest first.
     async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>>;
 
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        from: Option<UnixMs>,
+        to: Option<UnixMs>,
+    ) -> StoreResult<Statement>;
+
+    /// The request rows of a tenant (all tenants if `None`), oldest first; for audits and tests.
+    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>>;
+}
+
+/// What replicas hold of the store's shared state: leases on balances, and slices of the shared
+/// rate windows.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
     /// Leases up to `want` of the tenant's unleased balance to `replica` and returns what was
     /// granted (possibly zero). Refreshes the replica's heartbeat.
     async fn acquire_lease(&self, replica: &str, tenant: TenantId, want: Pen) -> StoreResult<Pen> {
@@ -474,21 +579,24 @@ pub trait Store: UsageStore + Send + Sync {
     /// with what they recorded, so a replica that was only cut off lines up again.
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64>;
     /// Deletes the lease rows whose heartbeat is older than `now - max_age_ms` (replicas long
-    /// gone; zeroed by [`Store::reclaim_stale_leases`] long before); returns how many.
+    /// gone; zeroed by [`LeaseStore::reclaim_stale_leases`] long before); returns how many.
     async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64>;
     /// Deletes every lease of `replica` (at start and at clean shutdown).
     async fn drop_leases(&self, replica: &str) -> StoreResult<()>;
 
-    async fn statement(
-        &self,
-        tenant: TenantId,
-        from: Option<UnixMs>,
-        to: Option<UnixMs>,
-    ) -> StoreResult<Statement>;
+    /// Applies every ask to its shared rate window (created at zero if new), each atomically
+    /// against concurrent asks of other replicas; returns one grant per ask, in order, and the
+    /// store's clock (milliseconds since the epoch), by which replicas align their windows. At
+    /// most one ask per (subject, window) in a call (`Invalid` otherwise).
+    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)>;
+    /// Deletes rate windows that ended more than `age_ms` ago by the store's clock; returns
+    /// how many.
+    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64>;
+}
 
-    /// The request rows of a tenant (all tenants if `None`), oldest first; for audits and tests.
-    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>>;
-
+/// The stored responses of the Responses API.
+#[async_trait]
+pub trait ResponseStore: Send + Sync {
     /// Stores responses, in one transaction; an id already stored is left as it is. Returns
     /// how many were new. Shared rows: the caller keeps serving them from memory meanwhile,
     /// and a backend that moves them to another thread copies pointers, not responses.
@@ -502,18 +610,15 @@ pub trait Store: UsageStore + Send + Sync {
     /// Deletes the responses created before `before`, then each tenant's oldest beyond
     /// `max_bytes_per_tenant` (by [`StoredResponse::size`]); returns how many were deleted.
     async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64>;
-    /// Applies every ask to its shared rate window (created at zero if new), each atomically
-    /// against concurrent asks of other replicas; returns one grant per ask, in order, and the
-    /// store's clock (milliseconds since the epoch), by which replicas align their windows. At
-    /// most one ask per (subject, window) in a call (`Invalid` otherwise).
-    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)>;
-    /// Deletes rate windows that ended more than `age_ms` ago by the store's clock; returns
-    /// how many.
-    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64>;
+}
 
+/// Signals between the replicas sharing a store. The defaults are a store with no channel
+/// between processes (SQLite: one replica).
+#[async_trait]
+pub trait ReplicaChannel: Send + Sync {
     /// Sends `signal` to every replica listening on this store (PostgreSQL `NOTIFY`) and
-    /// returns `true`; a store with no channel between processes (SQLite: one replica) sends
-    /// nothing and returns `false`.
+    /// returns `true`; a store with no channel between processes sends nothing and returns
+    /// `false`.
     async fn notify_replicas(&self, _signal: &ReplicaSignal) -> StoreResult<bool> {
         Ok(false)
     }
@@ -528,12 +633,12 @@ pub trait Store: UsageStore + Send + Sync {
 }
 
 /// Checks that a request row can be written by every backend (the charge and the counts fit
-/// their columns): a row failing this is refused by [`Store::record`] with `Invalid`.
+/// their columns): a row failing this is refused by [`LedgerStore::record`] with `Invalid`.
 pub fn validate_row(row: &LedgerRow) -> StoreResult<()> {
     rows::check_row(row).map(|_| ())
 }
 
-/// Checks that `asks` name each (subject, window) once (see [`Store::take_quota`]).
+/// Checks that `asks` name each (subject, window) once (see [`LeaseStore::take_quota`]).
 pub fn check_quota_asks(asks: &[QuotaAsk]) -> StoreResult<()> {
     let mut seen = std::collections::HashSet::with_capacity(asks.len());
     for a in asks {

@@ -12,36 +12,31 @@
 //! leases does not depend on replicas' clocks agreeing. Ledger `at` and created/revoked times
 //! are the caller's clock, as in SQLite.
 //!
-//! **Between replicas** ([`replicas`]): shared rate windows (one upsert per batch of asks) and
-//! `LISTEN`/`NOTIFY` on the channel `quipu_replicas`, on a connection of its own.
-//!
-//! This file connects, migrates and runs the [`Store`] calls with retries; each call's body
-//! lives with its concern: `tenants`, `keys` (API keys), `balances` (money held: top-ups,
-//! balances, leases, and how transactions that move money lock), `ledger` (request rows,
-//! rejects, statements). The account API's reads, and the roll-ups `record` keeps for them, are
-//! in `usage`.
+//! This file connects, migrates and runs calls with retries (`with_retry!`); each trait of
+//! [`Store`] is implemented with its concern: `tenants` ([`TenantStore`](super::TenantStore):
+//! tenants and keys), `ledger` ([`LedgerStore`](super::LedgerStore): top-ups, balances, request
+//! rows, rejects, statements, and how transactions that move money lock), `leases`
+//! ([`LeaseStore`](super::LeaseStore): leases and the shared rate windows), `replicas`
+//! ([`ReplicaChannel`](super::ReplicaChannel): `LISTEN`/`NOTIFY` on the channel
+//! `quipu_replicas`, on a connection of its own), `responses`
+//! ([`ResponseStore`](super::ResponseStore)) and `usage` ([`UsageStore`](super::UsageStore):
+//! the account API's reads, and the roll-ups `record` keeps for them).
 
-use super::rows::{top_up_entry, DbError};
-use super::{
-    check_quota_asks, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant,
-    LeaseReading, LedgerRow, NewKey, QuotaAsk, QuotaGrant, Recorded, RejectedRow, ReplicaSignal,
-    Statement, Store, StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary,
-    TopUpOutcome, UnixMs,
-};
+use super::rows::DbError;
+use super::sql::{pg_params, Cols, Sql, SqlValue};
+use super::{schema, Backend, Store, StoreError, StoreResult};
 use crate::config::redact_url;
-use crate::money::Pen;
-use async_trait::async_trait;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, GenericClient, NoTls};
 
 /// Most connections one store (one replica) keeps open.
 pub const POOL_SIZE: usize = 4;
 /// How often a transaction that hit a deadlock or serialisation failure is retried.
-const MAX_RETRIES: u32 = 5;
+pub(crate) const MAX_RETRIES: u32 = 5;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Milliseconds since the epoch by the database's clock (see the module docs).
@@ -50,13 +45,6 @@ macro_rules! db_now_ms {
         "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
     };
 }
-
-// After `db_now_ms!`, which `balances` and `replicas` use.
-mod balances;
-mod keys;
-mod ledger;
-mod replicas;
-mod tenants;
 
 /// The PostgreSQL [`Store`].
 pub struct PgStore {
@@ -196,15 +184,6 @@ pub(crate) enum PgErr {
     Store(StoreError),
 }
 
-impl From<responses::PgFailure> for PgErr {
-    fn from(e: responses::PgFailure) -> Self {
-        match e {
-            responses::PgFailure::Db(e) => PgErr::Db(e),
-            responses::PgFailure::Store(e) => PgErr::Store(e),
-        }
-    }
-}
-
 impl From<tokio_postgres::Error> for PgErr {
     fn from(e: tokio_postgres::Error) -> Self {
         PgErr::Db(e)
@@ -217,7 +196,52 @@ impl From<StoreError> for PgErr {
     }
 }
 
-type PgResult<T> = Result<T, PgErr>;
+pub(crate) type PgResult<T> = Result<T, PgErr>;
+
+impl DbError for PgErr {
+    type Failure = PgErr;
+
+    fn is_unique_violation(&self) -> bool {
+        matches!(self, PgErr::Db(e) if e.is_unique_violation())
+    }
+}
+
+/// Runs a shared statement (see `sql`) with its parameter types, reading each row with `read`.
+async fn query<T>(
+    client: &impl GenericClient,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    mut read: impl FnMut(&mut Cols<'_>) -> StoreResult<T>,
+) -> PgResult<Vec<T>> {
+    let rows = client
+        .query_typed(sql.get(Backend::Postgres), &pg_params(values))
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        out.push(read(&mut Cols::new(row))?);
+    }
+    Ok(out)
+}
+
+/// [`query`]'s only row, if any.
+async fn query_opt<T>(
+    client: &impl GenericClient,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    read: impl FnOnce(&mut Cols<'_>) -> StoreResult<T>,
+) -> PgResult<Option<T>> {
+    let row = client
+        .query_typed_opt(sql.get(Backend::Postgres), &pg_params(values))
+        .await?;
+    Ok(row.map(|r| read(&mut Cols::new(&r))).transpose()?)
+}
+
+/// Runs a shared statement that returns no rows; how many rows it changed.
+async fn execute(client: &impl GenericClient, sql: &Sql, values: &[SqlValue<'_>]) -> PgResult<u64> {
+    Ok(client
+        .execute_typed(sql.get(Backend::Postgres), &pg_params(values))
+        .await?)
+}
 
 /// A read-only snapshot: every query in it sees the same committed state (a statement, an
 /// account view, a list).
@@ -230,7 +254,7 @@ async fn snapshot(client: &mut Client) -> PgResult<tokio_postgres::Transaction<'
         .await?)
 }
 
-fn is_retryable(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn is_retryable(e: &tokio_postgres::Error) -> bool {
     matches!(
         e.code(),
         Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
@@ -249,6 +273,7 @@ impl DbError for tokio_postgres::Error {
 /// it whole on a deadlock or serialisation failure.
 macro_rules! with_retry {
     ($self:ident, $client:ident => $body:expr) => {{
+        use $crate::store::postgres::{is_retryable, PgErr, PgResult, MAX_RETRIES};
         let mut attempt = 0u32;
         loop {
             let mut conn = $self.pool.get().await?;
@@ -259,7 +284,10 @@ macro_rules! with_retry {
                 Err(PgErr::Db(e)) if is_retryable(&e) && attempt < MAX_RETRIES => {
                     attempt += 1;
                     drop(conn);
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+                    ::tokio::time::sleep(::std::time::Duration::from_millis(
+                        5 * u64::from(attempt),
+                    ))
+                    .await;
                 }
                 Err(PgErr::Db(e)) => break Err($self.db_error(&e)),
                 Err(PgErr::Store(e)) => break Err(e),
@@ -268,8 +296,13 @@ macro_rules! with_retry {
     }};
 }
 
-/// The account API's reads and the roll-ups `record` keeps (after `with_retry!`, which it uses).
-pub mod usage;
+// After `db_now_ms!` and `with_retry!`, which they use.
+mod leases;
+mod ledger;
+mod replicas;
+mod responses;
+mod tenants;
+mod usage;
 
 impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/db`, or any form
@@ -350,178 +383,9 @@ async fn migrate_tx(client: &mut Client) -> PgResult<()> {
     Ok(())
 }
 
-#[async_trait]
 impl Store for PgStore {
-    fn kind(&self) -> &'static str {
-        "postgres"
-    }
-
-    async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
-        with_retry!(self, c => tenants::create_tenant_tx(c, name))
-    }
-
-    async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>> {
-        with_retry!(self, c => tenants::tenant_by_name_q(c, name))
-    }
-
-    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
-        with_retry!(self, c => tenants::list_tenants_q(c))
-    }
-
-    async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo> {
-        with_retry!(self, c => keys::create_key_tx(c, &key))
-    }
-
-    async fn revoke_key(&self, key_id: &str) -> StoreResult<bool> {
-        with_retry!(self, c => keys::revoke_key_tx(c, key_id))
-    }
-
-    async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
-        with_retry!(self, c => keys::list_keys_q(c, tenant))
-    }
-
-    async fn keys_version(&self) -> StoreResult<i64> {
-        with_retry!(self, c => keys::keys_version_q(c))
-    }
-
-    async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
-        with_retry!(self, c => keys::active_keys_q(c))
-    }
-
-    async fn top_up_once(
-        &self,
-        tenant: TenantId,
-        amount: Pen,
-        note: &str,
-        idempotency_key: Option<&str>,
-    ) -> StoreResult<TopUpOutcome> {
-        let (delta, id) = top_up_entry(amount, idempotency_key)?;
-        with_retry!(self, c => balances::top_up_tx(c, tenant, amount, delta, note, &id))
-    }
-
-    async fn balance(&self, tenant: TenantId) -> StoreResult<Balance> {
-        with_retry!(self, c => balances::balance_q(c, tenant))
-    }
-
-    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded> {
-        if rows.is_empty() {
-            return Ok(Recorded::default());
-        }
-        let batch = ledger::batch_of(rows)?;
-        with_retry!(self, c => ledger::record_tx(c, replica, &batch))
-    }
-
-    async fn grant_lease(
-        &self,
-        replica: &str,
-        tenant: TenantId,
-        ask: LeaseAsk,
-    ) -> StoreResult<LeaseGrant> {
-        with_retry!(self, c => balances::acquire_lease_tx(c, replica, tenant, ask))
-    }
-
-    async fn release_lease(
-        &self,
-        replica: &str,
-        tenant: TenantId,
-        amount: Pen,
-    ) -> StoreResult<Option<LeaseReading>> {
-        let amount = amount.max(Pen::ZERO);
-        with_retry!(self, c => balances::release_lease_q(c, replica, tenant, amount))
-    }
-
-    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
-        with_retry!(self, c => balances::heartbeat_q(c, replica))
-    }
-
-    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
-        with_retry!(self, c => ledger::reject_q(c, row, reason))
-    }
-
-    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
-        with_retry!(self, c => ledger::rejected_rows_q(c))
-    }
-
-    async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
-        with_retry!(self, c => balances::reclaim_q(c, max_age_ms))
-    }
-
-    async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
-        with_retry!(self, c => balances::forget_q(c, max_age_ms))
-    }
-
-    async fn drop_leases(&self, replica: &str) -> StoreResult<()> {
-        with_retry!(self, c => balances::drop_leases_q(c, replica))
-    }
-
-    async fn statement(
-        &self,
-        tenant: TenantId,
-        from: Option<UnixMs>,
-        to: Option<UnixMs>,
-    ) -> StoreResult<Statement> {
-        with_retry!(self, c => ledger::statement_q(c, tenant, from, to))
-    }
-
-    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
-        with_retry!(self, c => ledger::ledger_rows_q(c, tenant))
-    }
-
-    async fn put_responses(&self, rows: &[Arc<StoredResponse>]) -> StoreResult<u64> {
-        with_retry!(self, c => async { responses::pg_put(c, rows).await.map_err(PgErr::from) })
-    }
-
-    async fn get_response(
-        &self,
-        tenant: TenantId,
-        id: &str,
-    ) -> StoreResult<Option<StoredResponse>> {
-        with_retry!(self, c => async {
-            responses::pg_get(c, tenant, id).await.map_err(PgErr::from)
-        })
-    }
-
-    async fn delete_response(&self, tenant: TenantId, id: &str) -> StoreResult<bool> {
-        with_retry!(self, c => async {
-            responses::pg_delete(c, tenant, id).await.map_err(PgErr::from)
-        })
-    }
-
-    async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64> {
-        with_retry!(self, c => async {
-            responses::pg_prune(c, before, max_bytes_per_tenant)
-                .await
-                .map_err(PgErr::from)
-        })
-    }
-
-    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)> {
-        check_quota_asks(asks)?;
-        if asks.is_empty() {
-            return with_retry!(self, c => replicas::store_now(c)).map(|now| (Vec::new(), now));
-        }
-        with_retry!(self, c => replicas::take_quota(c, asks))
-    }
-
-    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64> {
-        with_retry!(self, c => replicas::expire_quota(c, age_ms))
-    }
-
-    async fn notify_replicas(&self, signal: &ReplicaSignal) -> StoreResult<bool> {
-        let payload = signal.to_payload();
-        with_retry!(self, c => replicas::notify(c, &payload)).map(|()| true)
-    }
-
-    async fn listen_replicas(
-        &self,
-    ) -> StoreResult<Option<tokio::sync::mpsc::Receiver<ReplicaSignal>>> {
-        replicas::listen(self.pool.config.clone(), self.pool.name.clone())
-            .await
-            .map(Some)
-            .map_err(|e| match e {
-                PgErr::Db(e) => self.db_error(&e),
-                PgErr::Store(e) => e,
-            })
+    fn kind(&self) -> Backend {
+        Backend::Postgres
     }
 }
 

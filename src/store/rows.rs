@@ -294,139 +294,68 @@ pub(crate) fn conflict_if_unique<E: DbError>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rows as JSON: the dead-letter table's `row_json` and the lines of a ledger spill file.
+// Rows as JSON: the dead-letter table's `row_json` and the lines of a ledger spill file. The
+// fields and their formats are [`LedgerRow`]'s serde attributes; these are the formats.
 
-/// The fields of a row's JSON object, in the order they are written.
-const ROW_FIELDS: [&str; 14] = [
-    "request_id",
-    "at",
-    "tenant_id",
-    "key_id",
-    "model",
-    "format",
-    "input_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "charge_picos",
-    "unbilled_picos",
-    "input_estimated",
-    "status",
-    "http_status",
-];
+/// A token count as a decimal string (`"1200"`): no reader depends on how it holds JSON
+/// numbers (often as doubles).
+pub(super) mod count_text {
+    use serde::de::{Error, Unexpected, Visitor};
+    use serde::{Deserializer, Serializer};
 
-impl LedgerRow {
-    /// The row as a JSON object with every field. Money is the decimal string of the integer
-    /// number of pico-soles (`charge_picos`, `unbilled_picos`) and token counts are decimal
-    /// strings too, so no value depends on how a reader holds JSON numbers (often as doubles)
-    /// and a value that does not fit a column still round-trips. [`LedgerRow::from_json_object`]
-    /// reads it back exactly.
-    pub fn to_json_object(&self) -> serde_json::Map<String, Value> {
-        // Every field, so that a new one cannot be forgotten here.
-        let LedgerRow {
-            request_id,
-            at,
-            tenant_id,
-            key_id,
-            model,
-            format,
-            input_tokens,
-            cached_tokens,
-            output_tokens,
-            charge,
-            status,
-            http_status,
-            unbilled,
-            input_estimated,
-        } = self;
-        let mut o = serde_json::Map::new();
-        o.insert("request_id".into(), request_id.clone().into());
-        o.insert("at".into(), (*at).into());
-        o.insert("tenant_id".into(), (*tenant_id).into());
-        o.insert("key_id".into(), key_id.clone().into());
-        o.insert("model".into(), model.clone().into());
-        o.insert("format".into(), format.clone().into());
-        o.insert("input_tokens".into(), input_tokens.to_string().into());
-        o.insert("cached_tokens".into(), cached_tokens.to_string().into());
-        o.insert("output_tokens".into(), output_tokens.to_string().into());
-        o.insert("charge_picos".into(), charge.picos().to_string().into());
-        o.insert("unbilled_picos".into(), unbilled.picos().to_string().into());
-        o.insert("input_estimated".into(), (*input_estimated).into());
-        o.insert("status".into(), status.clone().into());
-        o.insert("http_status".into(), (*http_status).into());
-        o
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
     }
 
-    /// [`LedgerRow::to_json_object`] as text (the dead-letter table's `row_json`).
-    pub fn to_json(&self) -> String {
-        Value::Object(self.to_json_object()).to_string()
-    }
-
-    /// Reads back what [`LedgerRow::to_json_object`] wrote. Strict: every field must be there
-    /// with its exact type and no other field may be (a typo or a damaged file must not turn
-    /// into a default value, least of all a charge of zero).
-    pub fn from_json_object(o: &serde_json::Map<String, Value>) -> Result<LedgerRow, String> {
-        if let Some(unknown) = o.keys().find(|k| !ROW_FIELDS.contains(&k.as_str())) {
-            return Err(format!(
-                "unknown field \"{unknown}\" (a ledger row has {})",
-                ROW_FIELDS.join(", ")
-            ));
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        struct Count;
+        impl Visitor<'_> for Count {
+            type Value = u64;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string of a token count like \"1200\"")
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<u64, E> {
+                Some(v)
+                    .filter(|s| !s.starts_with('-') && super::integer_text(s))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| E::invalid_value(Unexpected::Str(v), &self))
+            }
         }
-        Ok(LedgerRow {
-            request_id: text_field(o, "request_id")?,
-            at: int_field(o, "at")?,
-            tenant_id: int_field(o, "tenant_id")?,
-            key_id: text_field(o, "key_id")?,
-            model: text_field(o, "model")?,
-            format: text_field(o, "format")?,
-            input_tokens: count_field(o, "input_tokens")?,
-            cached_tokens: count_field(o, "cached_tokens")?,
-            output_tokens: count_field(o, "output_tokens")?,
-            charge: picos_field(o, "charge_picos")?,
-            status: text_field(o, "status")?,
-            http_status: {
-                let v = field(o, "http_status")?;
-                v.as_u64()
-                    .and_then(|n| u16::try_from(n).ok())
-                    .ok_or_else(|| {
-                        format!("field \"http_status\" must be an integer from 0 to 65535, got {v}")
-                    })?
-            },
-            unbilled: picos_field(o, "unbilled_picos")?,
-            input_estimated: {
-                let v = field(o, "input_estimated")?;
-                v.as_bool().ok_or_else(|| {
-                    format!("field \"input_estimated\" must be true or false, got {v}")
-                })?
-            },
-        })
+        d.deserialize_str(Count)
+    }
+}
+
+/// Money as the decimal string of its integer number of pico-soles (`"1050000"`): exact
+/// whatever its size, never a float.
+pub(super) mod picos_text {
+    use crate::money::Pen;
+    use serde::de::{Error, Unexpected, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Pen, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&v.picos())
     }
 
-    /// [`LedgerRow::from_json_object`] from text.
-    pub fn from_json(text: &str) -> Result<LedgerRow, String> {
-        match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(o)) => LedgerRow::from_json_object(&o),
-            Ok(other) => Err(format!("a ledger row must be a JSON object, got {other}")),
-            Err(e) => Err(format!("not JSON: {e}")),
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Pen, D::Error> {
+        struct Picos;
+        impl Visitor<'_> for Picos {
+            type Value = Pen;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a string of an integer number of pico-soles (S/ 1 = 1000000000000) like \
+                     \"1050000\"",
+                )
+            }
+            fn visit_str<E: Error>(self, v: &str) -> Result<Pen, E> {
+                Some(v)
+                    .filter(|s| super::integer_text(s))
+                    .and_then(|s| s.parse::<i128>().ok())
+                    .map(Pen::from_picos)
+                    .ok_or_else(|| E::invalid_value(Unexpected::Str(v), &self))
+            }
         }
+        d.deserialize_str(Picos)
     }
-}
-
-fn field<'a>(o: &'a serde_json::Map<String, Value>, name: &str) -> Result<&'a Value, String> {
-    o.get(name)
-        .ok_or_else(|| format!("field \"{name}\" is missing"))
-}
-
-fn text_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<String, String> {
-    let v = field(o, name)?;
-    v.as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| format!("field \"{name}\" must be a string, got {v}"))
-}
-
-fn int_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<i64, String> {
-    let v = field(o, name)?;
-    v.as_i64()
-        .ok_or_else(|| format!("field \"{name}\" must be a whole number, got {v}"))
 }
 
 /// An optional `-` and decimal digits, nothing else (no `+`, no spaces, no point).
@@ -435,28 +364,42 @@ fn integer_text(s: &str) -> bool {
     !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
-fn count_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<u64, String> {
-    let v = field(o, name)?;
-    v.as_str()
-        .filter(|s| !s.starts_with('-') && integer_text(s))
-        .and_then(|s| s.parse::<u64>().ok())
-        .ok_or_else(|| {
-            format!("field \"{name}\" must be a string of a token count like \"1200\", got {v}")
-        })
-}
+impl LedgerRow {
+    /// The row as a JSON object with every field (see [`LedgerRow`]'s serde attributes): money
+    /// is the decimal string of the integer number of pico-soles (`charge_picos`,
+    /// `unbilled_picos`) and token counts are decimal strings too, so no value depends on how
+    /// a reader holds JSON numbers and a value that does not fit a column still round-trips.
+    /// [`LedgerRow::from_json`] reads it back exactly.
+    pub fn to_json(&self) -> String {
+        #[expect(
+            clippy::expect_used,
+            reason = "strings, integers and a bool under fixed names always serialize"
+        )]
+        serde_json::to_string(self).expect("a ledger row serializes")
+    }
 
-fn picos_field(o: &serde_json::Map<String, Value>, name: &str) -> Result<Pen, String> {
-    let v = field(o, name)?;
-    v.as_str()
-        .filter(|s| integer_text(s))
-        .and_then(|s| s.parse::<i128>().ok())
-        .map(Pen::from_picos)
-        .ok_or_else(|| {
-            format!(
-                "field \"{name}\" must be a string of an integer number of pico-soles \
-                 (S/ 1 = 1000000000000) like \"1050000\", got {v}"
-            )
+    /// Reads back what [`LedgerRow::to_json`] wrote, as text.
+    pub fn from_json(text: &str) -> Result<LedgerRow, String> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(v @ Value::Object(_)) => LedgerRow::from_json_value(v),
+            Ok(other) => Err(format!("a ledger row must be a JSON object, got {other}")),
+            Err(e) => Err(format!("not JSON: {e}")),
+        }
+    }
+
+    /// Reads back what [`LedgerRow::to_json`] wrote, parsed. Strict: every field must be there
+    /// with its exact type and no other field may be (a typo or a damaged file must not turn
+    /// into a default value, least of all a charge of zero); an error names the field.
+    pub fn from_json_value(v: Value) -> Result<LedgerRow, String> {
+        serde_path_to_error::deserialize(v).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                e.into_inner().to_string()
+            } else {
+                format!("field \"{path}\": {}", e.into_inner())
+            }
         })
+    }
 }
 
 #[cfg(test)]
@@ -482,6 +425,54 @@ mod tests {
         }
     }
 
+    /// The fields of a row's JSON object, as older versions wrote them (in this order: the keys of
+    /// a `serde_json::Map`, sorted).
+    const ROW_FIELDS: [&str; 14] = [
+        "at",
+        "cached_tokens",
+        "charge_picos",
+        "format",
+        "http_status",
+        "input_estimated",
+        "input_tokens",
+        "key_id",
+        "model",
+        "output_tokens",
+        "request_id",
+        "status",
+        "tenant_id",
+        "unbilled_picos",
+    ];
+
+    fn object(row: &LedgerRow) -> serde_json::Map<String, Value> {
+        match serde_json::from_str(&row.to_json()) {
+            Ok(Value::Object(o)) => o,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_json_has_the_names_and_formats_older_versions_wrote_and_reads_their_rows() {
+        let row = every_field();
+        assert_eq!(
+            row.to_json(),
+            "{\"request_id\":\"req_01J9Z\u{e9}\\\"quoted\\\"\\n\",\"at\":1793491200123,\
+             \"tenant_id\":42,\"key_id\":\"key_8f2c\",\"model\":\"apu\",\"format\":\"messages\",\
+             \"input_tokens\":\"1234567\",\"cached_tokens\":\"89\",\"output_tokens\":\"4321\",\
+             \"charge_picos\":\"1050000\",\"status\":\"client_disconnected\",\"http_status\":499,\
+             \"unbilled_picos\":\"7\",\"input_estimated\":true}"
+        );
+        // A row as the hand-written encoder of earlier versions wrote it (keys sorted).
+        let older = "{\"at\":1793491200123,\"cached_tokens\":\"89\",\"charge_picos\":\"1050000\",\
+                     \"format\":\"messages\",\"http_status\":499,\"input_estimated\":true,\
+                     \"input_tokens\":\"1234567\",\"key_id\":\"key_8f2c\",\"model\":\"apu\",\
+                     \"output_tokens\":\"4321\",\"request_id\":\"req_01J9Z\u{e9}\\\"quoted\\\"\\n\",\
+                     \"status\":\"client_disconnected\",\"tenant_id\":42,\"unbilled_picos\":\"7\"}";
+        assert_eq!(LedgerRow::from_json(older), Ok(row.clone()));
+        let keys: Vec<String> = object(&row).keys().cloned().collect();
+        assert_eq!(keys, ROW_FIELDS);
+    }
+
     fn round_trip(row: &LedgerRow) -> LedgerRow {
         let text = row.to_json();
         // Through text, as a spill file or the dead-letter table holds it.
@@ -493,7 +484,7 @@ mod tests {
         let row = every_field();
         assert_eq!(round_trip(&row), row);
         // Each field is carried by its own key: changing any one changes the decoded row.
-        let o = row.to_json_object();
+        let o = object(&row);
         assert_eq!(o.len(), ROW_FIELDS.len());
         assert_eq!(o["charge_picos"], "1050000");
         assert_eq!(o["unbilled_picos"], "7");
@@ -548,16 +539,16 @@ mod tests {
 
     #[test]
     fn damaged_rows_are_refused_naming_the_field() {
-        let good = every_field().to_json_object();
+        let good = object(&every_field());
         let with = |key: &str, v: Value| {
             let mut o = good.clone();
             o.insert(key.into(), v);
-            LedgerRow::from_json_object(&o).unwrap_err()
+            LedgerRow::from_json_value(Value::Object(o)).unwrap_err()
         };
         let without = |key: &str| {
             let mut o = good.clone();
             o.remove(key);
-            LedgerRow::from_json_object(&o).unwrap_err()
+            LedgerRow::from_json_value(Value::Object(o)).unwrap_err()
         };
         // Money is never a JSON number, let alone a float.
         for bad in [
@@ -589,7 +580,7 @@ mod tests {
         assert!(with("at", serde_json::json!(1.5)).contains("\"at\""));
         assert!(with("input_estimated", serde_json::json!("yes")).contains("input_estimated"));
         assert!(with("model", serde_json::json!(null)).contains("model"));
-        assert!(with("charge", serde_json::json!("1")).contains("unknown field \"charge\""));
+        assert!(with("charge", serde_json::json!("1")).contains("unknown field `charge`"));
         for key in ROW_FIELDS {
             let e = without(key);
             assert!(e.contains(key) && e.contains("missing"), "{key}: {e}");

@@ -15,7 +15,8 @@
 //! Sums over many entries are done so they cannot overflow and never go through floats.
 //! PostgreSQL's `SUM(bigint)` is an exact `NUMERIC`. SQLite's `SUM` raises on i64 overflow and
 //! `TOTAL` is a float, so SQLite sums each value split in two, `v / 2³²` and `v % 2³²` (both
-//! exact i64 sums for up to 2³¹ rows), and [`recombine`] joins them in i128.
+//! exact i64 sums for up to 2³¹ rows), and [`recombine`] joins them in i128. The statements
+//! select either form from one text (`sql`: `Backend::split`, `Backend::summed`).
 
 use super::{StoreError, StoreResult};
 use crate::money::Pen;
@@ -23,21 +24,6 @@ use crate::money::Pen;
 /// The split point of SQLite sums (see the module docs). `v == (v / SPLIT) * SPLIT + v % SPLIT`
 /// holds for every i64 under SQLite's truncating division.
 pub const SPLIT: i64 = 1 << 32;
-
-/// `SUM(expr / 4294967296), SUM(expr % 4294967296)` for a SQLite select list; read the two
-/// columns back with [`recombine`].
-macro_rules! sqlite_split_sum {
-    ($e:literal) => {
-        concat!(
-            "COALESCE(SUM((",
-            $e,
-            ") / 4294967296), 0), COALESCE(SUM((",
-            $e,
-            ") % 4294967296), 0)"
-        )
-    };
-}
-pub(crate) use sqlite_split_sum;
 
 /// Joins the two halves of a split sum (see [`SPLIT`]).
 pub fn recombine(high: i64, low: i64) -> i128 {
@@ -96,11 +82,6 @@ pub fn i128_to_u64(v: i128, what: &str) -> StoreResult<u64> {
     u64::try_from(v).map_err(|_| StoreError::Backend(format!("{what} = {v} is out of range")))
 }
 
-/// A PostgreSQL `NUMERIC` sum read as text, as an exact count.
-pub fn count_from_text(text: &str, what: &str) -> StoreResult<u64> {
-    pen_from_text(text, what).and_then(|p| i128_to_u64(p.picos(), what))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,10 +120,6 @@ mod tests {
             // SQLite integer division truncates toward zero, like Rust's.
             assert_eq!(recombine(v / SPLIT, v % SPLIT), i128::from(v), "{v}");
         }
-        assert_eq!(
-            sqlite_split_sum!("x"),
-            "COALESCE(SUM((x) / 4294967296), 0), COALESCE(SUM((x) % 4294967296), 0)"
-        );
     }
 
     #[test]

@@ -18,33 +18,33 @@
 //! (0600), and so are the `-wal` and `-shm` files SQLite makes beside it: they hold every
 //! balance, the ledger and the keys' hashes. An existing file is left as it is.
 //!
-//! This file opens the database and runs the [`Store`] calls on it; each call's body lives
-//! with its concern: `tenants`, `keys` (API keys), `balances` (money held: top-ups, balances,
-//! leases), `ledger` (request rows, rejects, statements), `replicas` (shared rate windows).
-//! The account API's reads, and the roll-ups `record` keeps for them, are in `usage`.
+//! This file opens the database, migrates it and runs closures on its connection; each trait
+//! of [`Store`] is implemented with its concern: `tenants` ([`TenantStore`](super::TenantStore):
+//! tenants and keys), `ledger` ([`LedgerStore`](super::LedgerStore): top-ups, balances, request
+//! rows, rejects, statements), `leases` ([`LeaseStore`](super::LeaseStore): leases and shared
+//! rate windows; no [`ReplicaChannel`](super::ReplicaChannel) between processes), `responses`
+//! ([`ResponseStore`](super::ResponseStore)) and `usage` ([`UsageStore`](super::UsageStore):
+//! the account API's reads, and the roll-ups `record` keeps for them).
 
-use super::rows::{check_row, rejected, top_up_entry, DbError};
-use super::{
-    check_quota_asks, responses, schema, ActiveKey, Balance, KeyInfo, LeaseAsk, LeaseGrant,
-    LeaseReading, LedgerRow, NewKey, QuotaAsk, QuotaGrant, Recorded, RejectedRow, Statement, Store,
-    StoreError, StoreResult, StoredResponse, Tenant, TenantId, TenantSummary, TopUpOutcome, UnixMs,
-};
-use crate::money::Pen;
-use async_trait::async_trait;
+use super::rows::DbError;
+use super::sql::{Cols, Sql, SqlValue};
+use super::{schema, Backend, Store, StoreError, StoreResult};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-mod balances;
-mod keys;
+mod leases;
 mod ledger;
-mod replicas;
+mod responses;
 mod tenants;
-pub mod usage;
+mod usage;
 
 /// How long a writer waits for another process's write transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Prepared statements kept per connection: every statement the store sends, so none is
+/// prepared twice (rusqlite keeps 16 by default).
+const STATEMENT_CACHE: usize = 64;
 
 /// The SQLite [`Store`]. Cheap to clone; clones share the connection.
 #[derive(Clone)]
@@ -87,6 +87,7 @@ impl SqliteStore {
         enable_wal(&conn).map_err(|e| fail("cannot enable WAL", &e))?;
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
             .map_err(|e| fail("cannot set pragmas", &e))?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrate(&mut conn).map_err(|e| match e {
             StoreError::Backend(m) => StoreError::Backend(format!("sqlite database {path}: {m}")),
             other => other,
@@ -182,6 +183,69 @@ impl DbError for rusqlite::Error {
     }
 }
 
+/// What a shared statement can fail with: the database (maybe a unique key a caller turns into
+/// a `Conflict`), or reading its rows.
+enum SqliteErr {
+    Db(rusqlite::Error),
+    Store(StoreError),
+}
+
+impl From<SqliteErr> for StoreError {
+    fn from(e: SqliteErr) -> Self {
+        match e {
+            SqliteErr::Db(e) => sql_err(e),
+            SqliteErr::Store(e) => e,
+        }
+    }
+}
+
+impl DbError for SqliteErr {
+    type Failure = StoreError;
+
+    fn is_unique_violation(&self) -> bool {
+        matches!(self, SqliteErr::Db(e) if e.is_unique_violation())
+    }
+}
+
+type SqliteResult<T> = Result<T, SqliteErr>;
+
+/// Runs a shared statement (see `sql`), reading each row with `read`.
+fn query<T>(
+    conn: &Connection,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    mut read: impl FnMut(&mut Cols<'_>) -> StoreResult<T>,
+) -> SqliteResult<Vec<T>> {
+    let mut stmt = conn
+        .prepare_cached(sql.get(Backend::Sqlite))
+        .map_err(SqliteErr::Db)?;
+    let mut rows = stmt
+        .query(rusqlite::params_from_iter(values))
+        .map_err(SqliteErr::Db)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(SqliteErr::Db)? {
+        out.push(read(&mut Cols::new(row)).map_err(SqliteErr::Store)?);
+    }
+    Ok(out)
+}
+
+/// [`query`]'s only row, if any (the statements it runs select by key, or aggregate).
+fn query_opt<T>(
+    conn: &Connection,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
+    read: impl FnMut(&mut Cols<'_>) -> StoreResult<T>,
+) -> SqliteResult<Option<T>> {
+    Ok(query(conn, sql, values, read)?.into_iter().next())
+}
+
+/// Runs a shared statement that returns no rows; how many rows it changed.
+fn execute(conn: &Connection, sql: &Sql, values: &[SqlValue<'_>]) -> SqliteResult<usize> {
+    conn.prepare_cached(sql.get(Backend::Sqlite))
+        .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
+        .map_err(SqliteErr::Db)
+}
+
 fn write_tx(conn: &mut Connection) -> StoreResult<Transaction<'_>> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_err)
@@ -225,191 +289,16 @@ fn migrate(conn: &mut Connection) -> StoreResult<()> {
     tx.commit().map_err(sql_err)
 }
 
-#[async_trait]
 impl Store for SqliteStore {
-    fn kind(&self) -> &'static str {
-        "sqlite"
-    }
-
-    async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
-        let name = name.to_owned();
-        self.run(move |conn| tenants::create_tenant(conn, name))
-            .await
-    }
-
-    async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>> {
-        let name = name.to_owned();
-        self.run(move |conn| tenants::tenant_by_name(conn, name))
-            .await
-    }
-
-    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
-        self.run(tenants::list_tenants).await
-    }
-
-    async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo> {
-        self.run(move |conn| keys::create_key(conn, key)).await
-    }
-
-    async fn revoke_key(&self, key_id: &str) -> StoreResult<bool> {
-        let key_id = key_id.to_owned();
-        self.run(move |conn| keys::revoke_key(conn, key_id)).await
-    }
-
-    async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
-        self.run(move |conn| keys::list_keys(conn, tenant)).await
-    }
-
-    async fn keys_version(&self) -> StoreResult<i64> {
-        self.run(keys::keys_version).await
-    }
-
-    async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
-        self.run(keys::active_keys).await
-    }
-
-    async fn top_up_once(
-        &self,
-        tenant: TenantId,
-        amount: Pen,
-        note: &str,
-        idempotency_key: Option<&str>,
-    ) -> StoreResult<TopUpOutcome> {
-        let (delta, id) = top_up_entry(amount, idempotency_key)?;
-        let note = note.to_owned();
-        self.run(move |conn| balances::top_up_once(conn, tenant, amount, delta, id, note))
-            .await
-    }
-
-    async fn balance(&self, tenant: TenantId) -> StoreResult<Balance> {
-        self.run(move |conn| balances::balance(conn, tenant)).await
-    }
-
-    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded> {
-        if rows.is_empty() {
-            return Ok(Recorded::default());
-        }
-        let rows = rows
-            .iter()
-            .map(check_row)
-            .collect::<StoreResult<Vec<_>>>()?;
-        let replica = replica.to_owned();
-        self.run(move |conn| ledger::record(conn, replica, rows))
-            .await
-    }
-
-    async fn grant_lease(
-        &self,
-        replica: &str,
-        tenant: TenantId,
-        ask: LeaseAsk,
-    ) -> StoreResult<LeaseGrant> {
-        let replica = replica.to_owned();
-        self.run(move |conn| balances::grant_lease(conn, replica, tenant, ask))
-            .await
-    }
-
-    async fn release_lease(
-        &self,
-        replica: &str,
-        tenant: TenantId,
-        amount: Pen,
-    ) -> StoreResult<Option<LeaseReading>> {
-        let amount = amount.max(Pen::ZERO);
-        let replica = replica.to_owned();
-        self.run(move |conn| balances::release_lease(conn, replica, tenant, amount))
-            .await
-    }
-
-    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
-        let replica = replica.to_owned();
-        self.run(move |conn| balances::heartbeat(conn, replica))
-            .await
-    }
-
-    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
-        let rejected = rejected(row, reason);
-        self.run(move |conn| ledger::reject(conn, rejected)).await
-    }
-
-    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
-        self.run(ledger::rejected_rows).await
-    }
-
-    async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
-        self.run(move |conn| balances::reclaim_stale_leases(conn, max_age_ms))
-            .await
-    }
-
-    async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
-        self.run(move |conn| balances::forget_silent_leases(conn, max_age_ms))
-            .await
-    }
-
-    async fn drop_leases(&self, replica: &str) -> StoreResult<()> {
-        let replica = replica.to_owned();
-        self.run(move |conn| balances::drop_leases(conn, replica))
-            .await
-    }
-
-    async fn statement(
-        &self,
-        tenant: TenantId,
-        from: Option<UnixMs>,
-        to: Option<UnixMs>,
-    ) -> StoreResult<Statement> {
-        self.run(move |conn| ledger::statement(conn, tenant, from, to))
-            .await
-    }
-
-    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
-        self.run(move |conn| ledger::ledger_rows(conn, tenant))
-            .await
-    }
-
-    async fn put_responses(&self, rows: &[Arc<StoredResponse>]) -> StoreResult<u64> {
-        let rows = rows.to_vec();
-        self.run(move |conn| responses::sqlite_put(conn, &rows))
-            .await
-    }
-
-    async fn get_response(
-        &self,
-        tenant: TenantId,
-        id: &str,
-    ) -> StoreResult<Option<StoredResponse>> {
-        let id = id.to_owned();
-        self.run(move |conn| responses::sqlite_get(conn, tenant, &id))
-            .await
-    }
-
-    async fn delete_response(&self, tenant: TenantId, id: &str) -> StoreResult<bool> {
-        let id = id.to_owned();
-        self.run(move |conn| responses::sqlite_delete(conn, tenant, &id))
-            .await
-    }
-
-    async fn prune_responses(&self, before: UnixMs, max_bytes_per_tenant: u64) -> StoreResult<u64> {
-        self.run(move |conn| responses::sqlite_prune(conn, before, max_bytes_per_tenant))
-            .await
-    }
-
-    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)> {
-        check_quota_asks(asks)?;
-        let asks = asks.to_vec();
-        self.run(move |conn| replicas::take_quota(conn, &asks))
-            .await
-    }
-
-    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64> {
-        self.run(move |conn| replicas::expire_quota(conn, age_ms))
-            .await
+    fn kind(&self) -> Backend {
+        Backend::Sqlite
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::TenantStore;
     use std::os::unix::fs::PermissionsExt;
 
     fn mode(path: &Path) -> u32 {

@@ -2,9 +2,10 @@
 //! spent; its requests and top-ups, newest first; and its account in one snapshot.
 //!
 //! **Roll-ups.** Usage is not summed from the ledger at query time, which would cost a
-//! month's rows per query: [`Store::record`](super::Store::record) adds each new request row
-//! to `usage_hourly` (per tenant, UTC hour, key and model) and `key_usage` (per tenant and
-//! key), in the same transaction as the row, so the sums can never disagree with the ledger.
+//! month's rows per query: [`LedgerStore::record`](super::LedgerStore::record) adds each new
+//! request row to `usage_hourly` (per tenant, UTC hour, key and model) and `key_usage` (per
+//! tenant and key), in the same transaction as the row, so the sums can never disagree with
+//! the ledger.
 //! A period's whole hours are read from `usage_hourly` and its partial hours at either end from
 //! the ledger itself (through the `(tenant_id, kind, at, entry_id)` index), in one statement:
 //! any period is exact to the millisecond, and a month grouped by day reads at most
@@ -14,7 +15,8 @@
 //! each sum in two integer columns (`x_hi * 2^32 + x_lo`, carried on every addition, so no
 //! total a ledger can hold overflows them) and PostgreSQL in `NUMERIC`.
 //!
-//! This module owns the types and the trait; each backend implements it in its own
+//! This module owns the types and the trait; the statements both backends send are in
+//! `sql::usage`, and each backend implements the trait, and keeps its roll-ups, in its own
 //! `usage.rs` (`sqlite/usage.rs`, `postgres/usage.rs`).
 
 use super::rows::RawLedgerRow;

@@ -426,10 +426,11 @@ pub async fn usage_queries_use_indexes(fx: &Fixture) {
     .collect();
     match &fx.cleanup {
         Cleanup::Dir(_) => {
-            use quipu::store::sqlite::usage as q;
+            use quipu::store::sql::usage as q;
+            use quipu::store::Backend::Sqlite;
             let path = fx.url.strip_prefix("sqlite://").unwrap();
             let c = rusqlite::Connection::open(path).unwrap();
-            let plan = |sql: &str, values: Vec<rusqlite::types::Value>| -> Vec<String> {
+            let plan = |sql: &str, values: Vec<quipu::store::sql::SqlValue>| -> Vec<String> {
                 let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
                 stmt.query_map(rusqlite::params_from_iter(values), |r| {
                     r.get::<_, String>(3)
@@ -453,7 +454,7 @@ pub async fn usage_queries_use_indexes(fx: &Fixture) {
                 );
             };
             for uq in &queries {
-                let (sql, values) = q::usage_statement(uq);
+                let (sql, values) = q::usage_statement(Sqlite, uq);
                 let lines = plan(&sql, values);
                 assert!(
                     lines
@@ -471,11 +472,11 @@ pub async fn usage_queries_use_indexes(fx: &Fixture) {
                 );
                 check(&format!("usage by {:?}", uq.grouping), lines);
             }
-            let page = || -> Vec<rusqlite::types::Value> {
-                use rusqlite::types::Value::{Integer, Text};
-                vec![Integer(a), Integer(NOV_1), Text("x".into()), Integer(20)]
+            let page = || {
+                use quipu::store::sql::SqlValue::{Int, Text};
+                vec![Int(a), Int(NOV_1), Text("x"), Int(20)]
             };
-            let lines = plan(&q::requests_sql(), page());
+            let lines = plan(q::REQUESTS_PAGE.get(Sqlite), page());
             assert!(
                 lines
                     .iter()
@@ -483,10 +484,11 @@ pub async fn usage_queries_use_indexes(fx: &Fixture) {
                 "requests need no sort: {lines:#?}"
             );
             check("requests", lines);
-            check("top-ups", plan(q::TOP_UPS_SQL, page()));
+            check("top-ups", plan(q::TOP_UPS_PAGE.get(Sqlite), page()));
         }
         Cleanup::PgDatabase { .. } => {
-            use quipu::store::postgres::usage as q;
+            use quipu::store::sql::usage as q;
+            use quipu::store::Backend::Postgres;
             let c = admin_client(&fx.url).await;
             c.batch_execute("ANALYZE; SET enable_seqscan = off")
                 .await
@@ -501,11 +503,14 @@ pub async fn usage_queries_use_indexes(fx: &Fixture) {
                 );
             };
             for uq in &queries {
-                let (sql, values) = q::usage_statement(uq);
+                let (sql, values) = q::usage_statement(Postgres, uq);
                 let lines = explain(
-                    c.query_typed(&format!("EXPLAIN {sql}"), &q::typed(&values))
-                        .await
-                        .unwrap(),
+                    c.query_typed(
+                        &format!("EXPLAIN {sql}"),
+                        &quipu::store::sql::pg_params(&values),
+                    )
+                    .await
+                    .unwrap(),
                 );
                 check(&format!("usage by {:?}", uq.grouping), &lines);
                 assert!(
@@ -543,13 +548,13 @@ pub async fn usage_queries_use_indexes(fx: &Fixture) {
             // On a few rows a bitmap scan and a sort cost less than walking the index
             // backwards; with sorting priced out the plan shows the index gives the order.
             c.batch_execute("SET enable_sort = off").await.unwrap();
-            let lines = params(&q::requests_sql()).await;
+            let lines = params(q::REQUESTS_PAGE.get(Postgres)).await;
             check("requests", &lines);
             assert!(
                 lines.iter().all(|l| !l.contains("Sort")),
                 "requests need no sort: {lines:#?}"
             );
-            check("top-ups", &params(q::TOP_UPS_SQL).await);
+            check("top-ups", &params(q::TOP_UPS_PAGE.get(Postgres)).await);
         }
     }
 }

@@ -1,23 +1,129 @@
-//! The ledger on PostgreSQL: recording a batch of request rows in one multi-row insert
-//! (charging balances and the replica's lease in the same transaction, after locking the
-//! tenants as `balances` describes), rows set aside as rejected, a tenant's statement and the
-//! raw rows. Sums are `SUM(bigint)`, an exact NUMERIC read as text: no overflow, no float.
+//! The ledger on PostgreSQL ([`LedgerStore`]): top-ups and balances, recording a batch of
+//! request rows in one multi-row insert (charging balances and the replica's lease in the same
+//! transaction), rows set aside as rejected, a tenant's statement and the raw rows. The shared
+//! statements are `sql::ledger`'s; what is PostgreSQL's own is `record` (one `UNNEST` insert,
+//! balances and leases changed in `NUMERIC` by the database), the top-up's balance and signal,
+//! and the locking below.
+//!
+//! **Money under concurrency.** Transactions run at READ COMMITTED with explicit row locks:
+//! every transaction that moves money (`record`, `top_up`, `acquire_lease`) first locks the
+//! tenant rows it touches with `SELECT … FOR NO KEY UPDATE`, in ascending id order, so they
+//! serialise per tenant across all replicas and cannot deadlock with one another. (`NO KEY
+//! UPDATE` rather than `UPDATE`: it does not conflict with the `KEY SHARE` locks that foreign
+//! keys take when ledger or lease rows are inserted.) Once the tenant row is locked, the balance
+//! and the leases it reads are the latest committed ones and stay so until commit; a lease can
+//! only shrink behind our back (reclaim, drop, release), which never breaks `Σ leases ≤
+//! balance`. Should the server still report a deadlock or serialisation failure, the whole
+//! transaction is retried (a few times, with a short pause): nothing was committed.
 
-use super::{balances, tenants, usage, PgResult};
+use super::tenants::tenant_with_balance;
+use super::{execute, leases, query, query_opt, snapshot, usage, PgResult, PgStore};
 use crate::money::Pen;
-use crate::store::columns::{names, pg_placeholders, unnest, LEDGER_COLUMNS, REJECT_COLUMNS};
+use crate::store::columns::{names, unnest, LEDGER_COLUMNS};
 use crate::store::rows::{
-    check_row, period_bounds, rejected, tenant_missing, LedgerBatch, RawLedgerRow,
+    check_row, conflict_if_unique, period_bounds, rejected, replayed_top_up, tenant_missing,
+    top_up_entry, LedgerBatch, RawLedgerRow, Taken,
 };
-use crate::store::sql_money::{count_from_text, i64_to_u64, pen_from_text, pen_to_text};
+use crate::store::sql::SqlValue::{Int, OptInt, Text};
+use crate::store::sql::{ledger as q, tenants as tq};
+use crate::store::sql::{pg_params, Sql, SqlValue};
+use crate::store::sql_money::{pen_from_text, pen_to_text};
 use crate::store::usage::{rollup, RollupRow};
 use crate::store::{
-    LedgerRow, ModelTotals, Recorded, RejectedRow, Statement, StoreResult, TenantId, TopUp, UnixMs,
+    now_ms, Backend, Balance, LedgerRow, LedgerStore, Recorded, RejectedRow, ReplicaSignal,
+    Statement, StoreResult, TenantId, TopUp, TopUpOutcome, UnixMs,
 };
+use async_trait::async_trait;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient, Transaction};
+
+/// Locks the tenant row (see the module docs) and returns its balance, or `NotFound`.
+pub(super) async fn lock_tenant(tx: &Transaction<'_>, tenant: TenantId) -> PgResult<Pen> {
+    Ok(query_opt(tx, &tq::LOCK_BALANCE, &[Int(tenant)], |c| {
+        c.pen("tenants.balance")
+    })
+    .await?
+    .ok_or_else(|| tenant_missing(tenant))?)
+}
+
+async fn top_up_tx(
+    client: &mut Client,
+    tenant: TenantId,
+    amount: Pen,
+    delta: i64,
+    note: &str,
+    id: &str,
+) -> PgResult<TopUpOutcome> {
+    let now = now_ms();
+    let tx = client.transaction().await?;
+    let balance = lock_tenant(&tx, tenant).await?;
+    // An idempotent top-up's id is derived from its key; the tenant lock serialises two
+    // retries of the same top-up of one tenant, and the primary key any others.
+    let earlier = query_opt(&tx, &q::EARLIER_TOP_UP, &[Text(id)], q::earlier_top_up).await?;
+    if let Some(earlier) = earlier {
+        return Ok(replayed_top_up(
+            id.to_owned(),
+            tenant,
+            amount,
+            delta,
+            earlier,
+            balance,
+        )?);
+    }
+    let values = [Text(id), Int(tenant), Int(now), Int(delta), Text(note)];
+    execute(&tx, &q::INSERT_TOP_UP, &values)
+        .await
+        .map_err(conflict_if_unique(Taken::TopUp(id)))?;
+    let after = tx
+        .query_typed_one(
+            "UPDATE tenants SET balance = balance + $2::numeric WHERE id = $1
+             RETURNING balance::text",
+            &[(&tenant, Type::INT8), (&pen_to_text(amount), Type::TEXT)],
+        )
+        .await?;
+    let balance = pen_from_text(&after.try_get::<_, String>(0)?, "tenants.balance")?;
+    // Replicas that found the tenant's balance all leased refuse from memory for a moment:
+    // tell them money arrived (delivered at commit, not before).
+    let arrived = ReplicaSignal::LeasesReturned { tenant }.to_payload();
+    tx.execute_typed(
+        "SELECT pg_notify($1, $2)",
+        &[
+            (&super::replicas::CHANNEL, Type::TEXT),
+            (&arrived, Type::TEXT),
+        ],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(TopUpOutcome {
+        top_up: TopUp {
+            id: id.to_owned(),
+            tenant_id: tenant,
+            amount,
+            at: now,
+            note: note.to_owned(),
+        },
+        balance,
+        replayed: false,
+    })
+}
+
+async fn balance_q(client: &mut Client, tenant: TenantId) -> PgResult<Balance> {
+    let row = client
+        .query_typed_opt(
+            "SELECT t.balance::text,
+                    COALESCE((SELECT SUM(l.amount) FROM leases l WHERE l.tenant_id = t.id), 0)::text
+               FROM tenants t WHERE t.id = $1",
+            &[(&tenant, Type::INT8)],
+        )
+        .await?
+        .ok_or_else(|| tenant_missing(tenant))?;
+    Ok(Balance {
+        balance: pen_from_text(&row.try_get::<_, String>(0)?, "tenants.balance")?,
+        leased: pen_from_text(&row.try_get::<_, String>(1)?, "leases.amount")?,
+    })
+}
 
 /// Request rows as one array per column (see `columns`), for one multi-row insert.
 pub(super) fn batch_of(rows: &[LedgerRow]) -> StoreResult<LedgerBatch> {
@@ -47,11 +153,7 @@ static INSERT_LEDGER_ROWS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-pub(super) async fn record_tx(
-    client: &mut Client,
-    replica: &str,
-    b: &LedgerBatch,
-) -> PgResult<Recorded> {
+async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgResult<Recorded> {
     let tx = client.transaction().await?;
     let mut tenants: Vec<i64> = b.tenant_id.clone();
     tenants.sort_unstable();
@@ -120,7 +222,7 @@ pub(super) async fn record_tx(
             )
             .await?;
         for r in &changed {
-            leases.push((r.try_get::<_, i64>(0)?, balances::reading(r, 1)?));
+            leases.push((r.try_get::<_, i64>(0)?, leases::reading(r, 1)?));
         }
     }
     tx.commit().await?;
@@ -130,30 +232,20 @@ pub(super) async fn record_tx(
     })
 }
 
-pub(super) async fn reject_q(client: &mut Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
+async fn reject_q(client: &Client, row: &LedgerRow, reason: &str) -> PgResult<()> {
     let rejected = rejected(row, reason);
     client
         .execute_typed(
-            &format!(
-                "INSERT INTO ledger_rejects ({}) VALUES ({}) ON CONFLICT (request_id) DO NOTHING",
-                names(REJECT_COLUMNS),
-                pg_placeholders(REJECT_COLUMNS)
-            ),
+            q::INSERT_REJECT.get(Backend::Postgres),
             &rejected.pg_params(),
         )
         .await?;
     Ok(())
 }
 
-pub(super) async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<RejectedRow>> {
+async fn rejected_rows_q(client: &Client) -> PgResult<Vec<RejectedRow>> {
     let rows = client
-        .query_typed(
-            &format!(
-                "SELECT {} FROM ledger_rejects ORDER BY rejected_at, request_id",
-                names(REJECT_COLUMNS)
-            ),
-            &[],
-        )
+        .query_typed(q::REJECTED_ROWS.get(Backend::Postgres), &[])
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
@@ -162,86 +254,84 @@ pub(super) async fn rejected_rows_q(client: &mut Client) -> PgResult<Vec<Rejecte
     Ok(out)
 }
 
-pub(super) async fn statement_q(
+async fn statement_q(
     client: &mut Client,
     tenant: TenantId,
     from: Option<UnixMs>,
     to: Option<UnixMs>,
 ) -> PgResult<Statement> {
     let (lo, hi) = period_bounds(from, to);
-    let tx = super::snapshot(client).await?;
-    let (t, balance) = tenants::tenant_with_balance(&tx, tenant).await?;
-    // SUM(bigint) is an exact NUMERIC: no overflow, no float.
-    let models = tx
-        .query_typed(
-            "SELECT model, COUNT(*), SUM(input_tokens)::text, SUM(cached_tokens)::text,
-                    SUM(output_tokens)::text, (-SUM(delta))::text
-               FROM ledger
-              WHERE tenant_id = $1 AND kind = 'request' AND at >= $2 AND at < $3
-              GROUP BY model ORDER BY model",
-            &[(&tenant, Type::INT8), (&lo, Type::INT8), (&hi, Type::INT8)],
-        )
-        .await?;
-    let top_ups = tx
-        .query_typed(
-            "SELECT entry_id, at, delta, note FROM ledger
-              WHERE tenant_id = $1 AND kind = 'topup' AND at >= $2 AND at < $3
-              ORDER BY at, entry_id",
-            &[(&tenant, Type::INT8), (&lo, Type::INT8), (&hi, Type::INT8)],
-        )
-        .await?;
-    tx.commit().await?;
-    let mut per_model = Vec::with_capacity(models.len());
-    for r in models {
-        per_model.push(ModelTotals {
-            model: r.try_get::<_, Option<String>>(0)?.unwrap_or_default(),
-            requests: i64_to_u64(r.try_get(1)?, "request count")?,
-            input_tokens: count_from_text(&r.try_get::<_, String>(2)?, "input tokens")?,
-            cached_tokens: count_from_text(&r.try_get::<_, String>(3)?, "cached tokens")?,
-            output_tokens: count_from_text(&r.try_get::<_, String>(4)?, "output tokens")?,
-            charge: pen_from_text(&r.try_get::<_, String>(5)?, "ledger charges")?,
-        });
-    }
-    let mut ups = Vec::with_capacity(top_ups.len());
-    for r in top_ups {
-        ups.push(TopUp {
-            id: r.try_get(0)?,
-            tenant_id: tenant,
-            at: r.try_get(1)?,
-            amount: Pen::from_picos(i128::from(r.try_get::<_, i64>(2)?)),
-            note: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
-        });
-    }
-    Ok(Statement {
-        tenant: t,
-        from,
-        to,
-        total_charges: per_model.iter().map(|m| m.charge).sum(),
-        total_top_ups: ups.iter().map(|u| u.amount).sum(),
-        balance,
-        per_model,
-        top_ups: ups,
+    let tx = snapshot(client).await?;
+    let head = tenant_with_balance(&tx, tenant).await?;
+    let period = [Int(tenant), Int(lo), Int(hi)];
+    let per_model = query(&tx, &q::STATEMENT_MODELS, &period, q::model_totals).await?;
+    let top_ups = query(&tx, &q::STATEMENT_TOP_UPS, &period, |c| {
+        q::top_up(c, tenant)
     })
+    .await?;
+    tx.commit().await?;
+    Ok(q::statement(head, (from, to), per_model, top_ups))
 }
 
-pub(super) async fn ledger_rows_q(
-    client: &mut Client,
-    tenant: Option<TenantId>,
+/// Request rows as a shared statement selects them (every column of `LEDGER_COLUMNS`).
+pub(super) async fn ledger_rows_of(
+    client: &impl GenericClient,
+    sql: &Sql,
+    values: &[SqlValue<'_>],
 ) -> PgResult<Vec<LedgerRow>> {
     let rows = client
-        .query_typed(
-            &format!(
-                "SELECT {} FROM ledger
-                  WHERE kind = 'request' AND ($1::bigint IS NULL OR tenant_id = $1)
-                  ORDER BY at, entry_id",
-                names(LEDGER_COLUMNS)
-            ),
-            &[(&tenant, Type::INT8)],
-        )
+        .query_typed(sql.get(Backend::Postgres), &pg_params(values))
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
         out.push(RawLedgerRow::from_pg(&r)?.into_row()?);
     }
     Ok(out)
+}
+
+#[async_trait]
+impl LedgerStore for PgStore {
+    async fn top_up_once(
+        &self,
+        tenant: TenantId,
+        amount: Pen,
+        note: &str,
+        idempotency_key: Option<&str>,
+    ) -> StoreResult<TopUpOutcome> {
+        let (delta, id) = top_up_entry(amount, idempotency_key)?;
+        with_retry!(self, c => top_up_tx(c, tenant, amount, delta, note, &id))
+    }
+
+    async fn balance(&self, tenant: TenantId) -> StoreResult<Balance> {
+        with_retry!(self, c => balance_q(c, tenant))
+    }
+
+    async fn record(&self, replica: &str, rows: &[LedgerRow]) -> StoreResult<Recorded> {
+        if rows.is_empty() {
+            return Ok(Recorded::default());
+        }
+        let batch = batch_of(rows)?;
+        with_retry!(self, c => record_tx(c, replica, &batch))
+    }
+
+    async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {
+        with_retry!(self, c => reject_q(c, row, reason))
+    }
+
+    async fn rejected_rows(&self) -> StoreResult<Vec<RejectedRow>> {
+        with_retry!(self, c => rejected_rows_q(c))
+    }
+
+    async fn statement(
+        &self,
+        tenant: TenantId,
+        from: Option<UnixMs>,
+        to: Option<UnixMs>,
+    ) -> StoreResult<Statement> {
+        with_retry!(self, c => statement_q(c, tenant, from, to))
+    }
+
+    async fn ledger_rows(&self, tenant: Option<TenantId>) -> StoreResult<Vec<LedgerRow>> {
+        with_retry!(self, c => ledger_rows_of(&*c, &q::LEDGER_ROWS, &[OptInt(tenant)]))
+    }
 }

@@ -1,28 +1,44 @@
-//! Tenants on PostgreSQL: creating one, finding one by name, and the list with each tenant's
-//! balance, leased amount and active keys. A new tenant bumps `keys_version` (see `keys`):
-//! the gateway's key table carries tenant names.
+//! Tenants and API keys on PostgreSQL ([`TenantStore`]). The statements are `sql::tenants`';
+//! what is PostgreSQL's own is the transactions (read-only snapshots for lists, row locks for
+//! writes, see `ledger`) and the keys-version poll. Every change to keys or tenants bumps
+//! `keys_version` in the same transaction (the gateway's key table carries tenant names).
+//!
+//! **Cheap polls.** `keys_version` is one primary-key lookup with no parameters, sent as a
+//! simple query on a pooled connection: one round trip.
 
-use super::keys::bump_keys_version;
-use super::PgResult;
+use super::{execute, query, query_opt, snapshot, PgErr, PgResult, PgStore};
 use crate::money::Pen;
-use crate::store::rows::{conflict_if_unique, tenant_missing, Taken};
-use crate::store::sql_money::{i64_to_u64, pen_from_text};
-use crate::store::{now_ms, Tenant, TenantId, TenantSummary};
-use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Transaction};
+use crate::store::rows::{conflict_if_unique, limits_to_sql, tenant_missing, Taken};
+use crate::store::sql::tenants::{self as q, KEYS_VERSION};
+use crate::store::sql::SqlValue::{Int, OptInt, Text};
+use crate::store::{
+    now_ms, ActiveKey, KeyInfo, NewKey, StoreError, StoreResult, Tenant, TenantId, TenantStore,
+    TenantSummary,
+};
+use async_trait::async_trait;
+use tokio_postgres::{Client, GenericClient, SimpleQueryMessage};
 
-pub(super) async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResult<Tenant> {
+/// A tenant and its balance, read in `tx` (the snapshot a statement or an account view reads
+/// everything else in).
+pub(super) async fn tenant_with_balance(
+    tx: &impl GenericClient,
+    tenant: TenantId,
+) -> PgResult<(Tenant, Pen)> {
+    Ok(query_opt(tx, &q::TENANT_WITH_BALANCE, &[Int(tenant)], |c| {
+        Ok((q::tenant(c)?, c.pen("tenants.balance")?))
+    })
+    .await?
+    .ok_or_else(|| tenant_missing(tenant))?)
+}
+
+async fn create_tenant(client: &mut Client, name: &str) -> PgResult<Tenant> {
     let now = now_ms();
     let tx = client.transaction().await?;
-    let row = tx
-        .query_typed_one(
-            "INSERT INTO tenants (name, created_at) VALUES ($1, $2) RETURNING id",
-            &[(&name, Type::TEXT), (&now, Type::INT8)],
-        )
+    let id = query_opt(&tx, &q::CREATE_TENANT, &[Text(name), Int(now)], |c| c.int())
         .await
-        .map_err(conflict_if_unique(Taken::TenantName(name)))?;
-    let id: i64 = row.try_get(0)?;
-    bump_keys_version(&tx).await?;
+        .map_err(conflict_if_unique(Taken::TenantName(name)))?
+        .ok_or_else(|| StoreError::Backend("the new tenant's id was not returned".into()))?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
     tx.commit().await?;
     Ok(Tenant {
         id,
@@ -31,70 +47,117 @@ pub(super) async fn create_tenant_tx(client: &mut Client, name: &str) -> PgResul
     })
 }
 
-pub(super) async fn tenant_by_name_q(client: &mut Client, name: &str) -> PgResult<Option<Tenant>> {
-    let row = client
-        .query_typed_opt(
-            "SELECT id, name, created_at FROM tenants WHERE name = $1",
-            &[(&name, Type::TEXT)],
-        )
-        .await?;
-    Ok(match row {
-        Some(r) => Some(Tenant {
-            id: r.try_get(0)?,
-            name: r.try_get(1)?,
-            created_at: r.try_get(2)?,
-        }),
-        None => None,
-    })
-}
-
-pub(super) async fn list_tenants_q(client: &mut Client) -> PgResult<Vec<TenantSummary>> {
-    let tx = super::snapshot(client).await?;
-    let rows = tx
-        .query_typed(
-            "SELECT t.id, t.name, t.created_at, t.balance::text,
-                    COALESCE((SELECT SUM(l.amount) FROM leases l WHERE l.tenant_id = t.id), 0)::text,
-                    (SELECT COUNT(*) FROM api_keys k
-                      WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)
-               FROM tenants t ORDER BY t.name",
-            &[],
-        )
-        .await?;
+async fn list_tenants(client: &mut Client) -> PgResult<Vec<TenantSummary>> {
+    let tx = snapshot(client).await?;
+    let leased = q::leased(query(&tx, &q::LEASED, &[], q::lease_amount).await?);
+    let out = query(&tx, &q::LIST_TENANTS, &[], |c| q::summary(c, &leased)).await?;
     tx.commit().await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.push(TenantSummary {
-            tenant: Tenant {
-                id: r.try_get(0)?,
-                name: r.try_get(1)?,
-                created_at: r.try_get(2)?,
-            },
-            balance: pen_from_text(&r.try_get::<_, String>(3)?, "tenants.balance")?,
-            leased: pen_from_text(&r.try_get::<_, String>(4)?, "leases.amount")?,
-            active_keys: i64_to_u64(r.try_get(5)?, "active key count")?,
-        });
-    }
     Ok(out)
 }
 
-/// A tenant and its balance, read in `tx`.
-pub(super) async fn tenant_with_balance(
-    tx: &Transaction<'_>,
-    tenant: TenantId,
-) -> PgResult<(Tenant, Pen)> {
-    let t = tx
-        .query_typed_opt(
-            "SELECT id, name, created_at, balance::text FROM tenants WHERE id = $1",
-            &[(&tenant, Type::INT8)],
-        )
+async fn create_key(client: &mut Client, key: &NewKey) -> PgResult<KeyInfo> {
+    let now = now_ms();
+    let limits = limits_to_sql(key.limits)?;
+    let tx = client.transaction().await?;
+    let tenant_name = query_opt(&tx, &q::TENANT_NAME, &[Int(key.tenant)], |c| c.text())
         .await?
-        .ok_or_else(|| tenant_missing(tenant))?;
-    Ok((
-        Tenant {
-            id: t.try_get(0)?,
-            name: t.try_get(1)?,
-            created_at: t.try_get(2)?,
-        },
-        pen_from_text(&t.try_get::<_, String>(3)?, "tenants.balance")?,
-    ))
+        .ok_or_else(|| tenant_missing(key.tenant))?;
+    execute(&tx, &q::INSERT_KEY, &q::key_values(key, now, limits))
+        .await
+        .map_err(conflict_if_unique(Taken::Key(&key.id)))?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
+    tx.commit().await?;
+    Ok(KeyInfo {
+        id: key.id.clone(),
+        tenant_id: key.tenant,
+        tenant_name,
+        label: key.label.clone(),
+        secret_prefix: key.secret_prefix.clone(),
+        created_at: now,
+        revoked_at: None,
+        limits: key.limits,
+    })
+}
+
+async fn revoke_key(client: &mut Client, key_id: &str) -> PgResult<bool> {
+    let tx = client.transaction().await?;
+    let revoked = query_opt(&tx, &q::KEY_REVOKED_AT, &[Text(key_id)], |c| c.opt_int())
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("key {key_id} does not exist")))?;
+    if revoked.is_some() {
+        return Ok(false);
+    }
+    execute(&tx, &q::REVOKE_KEY, &[Text(key_id), Int(now_ms())]).await?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+async fn list_keys(client: &mut Client, tenant: Option<TenantId>) -> PgResult<Vec<KeyInfo>> {
+    let tx = snapshot(client).await?;
+    if let Some(t) = tenant {
+        query_opt(&tx, &q::TENANT_EXISTS, &[Int(t)], |_| Ok(()))
+            .await?
+            .ok_or_else(|| tenant_missing(t))?;
+    }
+    let out = query(&tx, &q::LIST_KEYS, &[OptInt(tenant)], q::key_info).await?;
+    tx.commit().await?;
+    Ok(out)
+}
+
+async fn keys_version(client: &impl GenericClient) -> PgResult<i64> {
+    for msg in client.simple_query(KEYS_VERSION).await? {
+        if let SimpleQueryMessage::Row(row) = msg {
+            let text = row.try_get(0)?.unwrap_or_default();
+            return text.parse::<i64>().map_err(|_| {
+                PgErr::Store(StoreError::Backend(format!(
+                    "meta.keys_version holds \"{text}\", not an integer"
+                )))
+            });
+        }
+    }
+    Err(StoreError::Backend("meta.keys_version is missing".into()).into())
+}
+
+async fn active_keys(client: &mut Client) -> PgResult<(i64, Vec<ActiveKey>)> {
+    let tx = snapshot(client).await?;
+    let version = keys_version(&tx).await?;
+    let keys = query(&tx, &q::ACTIVE_KEYS, &[], q::active_key).await?;
+    tx.commit().await?;
+    Ok((version, keys))
+}
+
+#[async_trait]
+impl TenantStore for PgStore {
+    async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
+        with_retry!(self, c => create_tenant(c, name))
+    }
+
+    async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>> {
+        with_retry!(self, c => query_opt(&*c, &q::TENANT_BY_NAME, &[Text(name)], q::tenant))
+    }
+
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
+        with_retry!(self, c => list_tenants(c))
+    }
+
+    async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo> {
+        with_retry!(self, c => create_key(c, &key))
+    }
+
+    async fn revoke_key(&self, key_id: &str) -> StoreResult<bool> {
+        with_retry!(self, c => revoke_key(c, key_id))
+    }
+
+    async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
+        with_retry!(self, c => list_keys(c, tenant))
+    }
+
+    async fn keys_version(&self) -> StoreResult<i64> {
+        with_retry!(self, c => keys_version(&*c))
+    }
+
+    async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
+        with_retry!(self, c => active_keys(c))
+    }
 }

@@ -1,21 +1,19 @@
-//! The account API's reads on PostgreSQL, and the roll-ups `record` keeps for them (see
-//! `store::usage`). Sums are `NUMERIC`, read as text: exact, never a float.
+//! The account API's reads on PostgreSQL (`sql::usage`'s statements), and the roll-ups `record`
+//! keeps for them (see `store::usage`): each sum one `NUMERIC`, added by the database in one
+//! statement per table whatever the batch.
 
-// `with_retry!` names these where it is used.
-use super::{is_retryable, tenants, PgErr, PgResult, PgStore, MAX_RETRIES};
-use crate::money::Pen;
-use crate::store::columns::{names, LEDGER_COLUMNS};
-use crate::store::rows::{limits_from_sql, RawLedgerRow};
-use crate::store::sql_money::{count_from_text, i64_to_u64, pen_from_text};
+use super::ledger::ledger_rows_of;
+use super::{query, query_opt, snapshot, tenants, PgResult, PgStore};
+use crate::store::sql::usage::{self as q, Page};
+use crate::store::sql::SqlValue::{Int, Text};
+use crate::store::sql::{ledger, pg_params, Cols};
 use crate::store::usage::{
-    AccountFacts, GroupKey, Grouping, KeyUsage, Rollup, TimeCursor, UsageGroup, UsageQuery,
-    UsageStore, UsageTotals,
+    AccountFacts, KeyUsage, Rollup, TimeCursor, UsageGroup, UsageQuery, UsageStore,
 };
-use crate::store::{KeyInfo, LedgerRow, StoreResult, TenantId, TopUp};
+use crate::store::{Backend, LedgerRow, StoreResult, TenantId, TopUp};
 use async_trait::async_trait;
-use std::time::Duration;
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row, Transaction};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Transaction};
 
 /// Adds a batch's new rows to the roll-ups, inside `record`'s transaction: one statement per
 /// table, whatever the batch.
@@ -108,304 +106,38 @@ pub(super) async fn add_rollup(tx: &Transaction<'_>, r: &Rollup) -> PgResult<()>
     Ok(())
 }
 
-/// `floor(x / 86400000)` whatever the sign (`/` on integers truncates).
-fn floor_day(x: &str) -> String {
-    format!("(({x}) - ((({x}) % 86400000) + 86400000) % 86400000) / 86400000")
-}
-
-/// The usage statement of a grouping (see the SQLite twin): $1 tenant, $2–$3 the whole hours,
-/// $4–$5 and $6–$7 the partial ends, $8 the limit, $9 the day offset or the name to continue
-/// after. Names compare and sort bytewise (`COLLATE "C"`), as in SQLite.
-fn usage_sql(grouping: Grouping, after: bool) -> String {
-    let (hour_group, ledger_group, name) = match grouping {
-        Grouping::Day { .. } => (floor_day("hour + $9"), floor_day("at + $9"), None),
-        Grouping::Model => (
-            "model COLLATE \"C\"".into(),
-            "COALESCE(model, '') COLLATE \"C\"".into(),
-            Some("model"),
-        ),
-        Grouping::Key => (
-            "key_id COLLATE \"C\"".into(),
-            "COALESCE(key_id, '') COLLATE \"C\"".into(),
-            Some("key_id"),
-        ),
-        Grouping::Total => ("0".into(), "0".into(), None),
-    };
-    let (hour_after, ledger_after) = match name {
-        Some(col) if after => (
-            format!(" AND {col} COLLATE \"C\" > $9"),
-            format!(" AND COALESCE({col}, '') COLLATE \"C\" > $9"),
-        ),
-        _ => (String::new(), String::new()),
-    };
-    let ledger = |lo: &str, hi: &str| {
-        format!(
-            "SELECT {ledger_group}, 1, COALESCE(input_tokens, 0)::numeric,
-                    COALESCE(cached_tokens, 0)::numeric, COALESCE(output_tokens, 0)::numeric,
-                    (-delta)::numeric
-               FROM ledger
-              WHERE tenant_id = $1 AND kind = 'request' AND at >= {lo} AND at < {hi}{ledger_after}"
-        )
-    };
-    format!(
-        "SELECT g, SUM(n)::bigint, SUM(i)::text, SUM(c)::text, SUM(o)::text, SUM(m)::text
-           FROM (SELECT {hour_group} AS g, requests AS n, input_tokens AS i,
-                        cached_tokens AS c, output_tokens AS o, charge AS m
-                   FROM usage_hourly
-                  WHERE tenant_id = $1 AND hour >= $2 AND hour < $3{hour_after}
-                 UNION ALL {}
-                 UNION ALL {}) u
-          GROUP BY g ORDER BY g LIMIT $8",
-        ledger("$4", "$5"),
-        ledger("$6", "$7"),
-    )
-}
-
-/// A value of a usage statement's parameter list.
-pub enum Param {
-    Int(i64),
-    Text(String),
-}
-
-/// The statement and parameters of a usage query (also for `EXPLAIN` in the store suite).
-pub fn usage_statement(q: &UsageQuery) -> (String, Vec<Param>) {
-    let ((h0, h1), (a0, a1), (b0, b1)) = q.split();
-    let mut values: Vec<Param> = [q.tenant, h0, h1, a0, a1, b0, b1]
-        .into_iter()
-        .map(Param::Int)
-        .collect();
-    values.push(Param::Int(i64::try_from(q.limit).unwrap_or(i64::MAX)));
-    let after = match (q.grouping, &q.after) {
-        (Grouping::Day { offset_ms }, _) => {
-            values.push(Param::Int(offset_ms));
-            false
-        }
-        (Grouping::Model | Grouping::Key, Some(name)) => {
-            values.push(Param::Text(name.clone()));
-            true
-        }
-        (Grouping::Model | Grouping::Key | Grouping::Total, _) => false,
-    };
-    (usage_sql(q.grouping, after), values)
-}
-
-/// `values` as `query_typed` takes them.
-pub fn typed(values: &[Param]) -> Vec<(&(dyn ToSql + Sync), Type)> {
-    values
-        .iter()
-        .map(|v| match v {
-            Param::Int(i) => (i as &(dyn ToSql + Sync), Type::INT8),
-            Param::Text(t) => (t as &(dyn ToSql + Sync), Type::TEXT),
-        })
-        .collect()
-}
-
-/// Totals from a requests count at `first` and four `NUMERIC` sums as text after it.
-fn totals_at(r: &Row, first: usize) -> PgResult<UsageTotals> {
-    let n: Option<i64> = r.try_get(first)?;
-    let text = |i: usize| -> PgResult<String> {
-        Ok(r.try_get::<_, Option<String>>(first + i)?
-            .unwrap_or_else(|| "0".into()))
-    };
-    Ok(UsageTotals {
-        requests: i64_to_u64(n.unwrap_or(0), "request count")?,
-        input_tokens: count_from_text(&text(1)?, "input tokens")?,
-        cached_tokens: count_from_text(&text(2)?, "cached tokens")?,
-        output_tokens: count_from_text(&text(3)?, "output tokens")?,
-        charge: pen_from_text(&text(4)?, "usage charges")?,
-    })
-}
-
-const KEY_COLUMNS: &str = "k.id, k.tenant_id, t.name, k.label, k.secret_prefix, k.created_at,
-       k.revoked_at, k.rpm_limit, k.tpm_limit, u.requests, u.input_tokens::text,
-       u.cached_tokens::text, u.output_tokens::text, u.charge::text, u.last_at
-  FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
-  LEFT JOIN key_usage u ON u.tenant_id = k.tenant_id AND u.key_id = k.id";
-
-fn key_usage(r: &Row) -> PgResult<KeyUsage> {
-    Ok(KeyUsage {
-        key: KeyInfo {
-            id: r.try_get(0)?,
-            tenant_id: r.try_get(1)?,
-            tenant_name: r.try_get(2)?,
-            label: r.try_get(3)?,
-            secret_prefix: r.try_get(4)?,
-            created_at: r.try_get(5)?,
-            revoked_at: r.try_get(6)?,
-            limits: limits_from_sql(r.try_get(7)?, r.try_get(8)?)?,
-        },
-        totals: totals_at(r, 9)?,
-        last_used: r.try_get(14)?,
-    })
-}
-
-async fn usage_q(client: &mut Client, q: &UsageQuery) -> PgResult<Vec<UsageGroup>> {
-    let (sql, values) = usage_statement(q);
-    let rows = client.query_typed(&sql, &typed(&values)).await?;
+async fn usage(client: &Client, uq: &UsageQuery) -> PgResult<Vec<UsageGroup>> {
+    let (sql, values) = q::usage_statement(Backend::Postgres, uq);
+    let rows = client.query_typed(&sql, &pg_params(&values)).await?;
     let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        let key = match q.grouping {
-            Grouping::Day { .. } => GroupKey::Day(r.try_get(0)?),
-            Grouping::Model | Grouping::Key => GroupKey::Name(r.try_get(0)?),
-            Grouping::Total => GroupKey::Total,
-        };
-        out.push(UsageGroup {
-            key,
-            totals: totals_at(&r, 1)?,
-        });
+    for r in &rows {
+        out.push(q::usage_group(&mut Cols::new(r), uq.grouping)?);
     }
     Ok(out)
 }
 
-async fn account_q(
+async fn account(
     client: &mut Client,
     tenant: TenantId,
     key: Option<&str>,
     replica: &str,
 ) -> PgResult<AccountFacts> {
-    let tx = super::snapshot(client).await?;
-    let (t, balance) = tenants::tenant_with_balance(&tx, tenant).await?;
-    let lease = tx
-        .query_typed_opt(
-            "SELECT amount::text, spent::text, version FROM leases
-              WHERE tenant_id = $1 AND replica = $2",
-            &[(&tenant, Type::INT8), (&replica, Type::TEXT)],
-        )
-        .await?
-        .map(|r| super::balances::reading(&r, 0))
-        .transpose()?;
-    let all = tx
-        .query_typed_one(
-            "SELECT SUM(requests)::bigint, SUM(input_tokens)::text, SUM(cached_tokens)::text,
-                    SUM(output_tokens)::text, SUM(charge)::text
-               FROM key_usage WHERE tenant_id = $1",
-            &[(&tenant, Type::INT8)],
-        )
-        .await?;
-    let key_row = match key {
-        Some(id) => {
-            tx.query_typed_opt(
-                &format!("SELECT {KEY_COLUMNS} WHERE k.tenant_id = $1 AND k.id = $2"),
-                &[(&tenant, Type::INT8), (&id, Type::TEXT)],
-            )
-            .await?
-        }
+    let tx = snapshot(client).await?;
+    let head = tenants::tenant_with_balance(&tx, tenant).await?;
+    let lease = super::leases::own(&tx, tenant, replica).await?;
+    let totals = query_opt(&tx, &q::TENANT_TOTALS, &[Int(tenant)], q::totals).await?;
+    let key = match key {
+        Some(id) => query_opt(&tx, &q::KEY_USAGE, &[Int(tenant), Text(id)], q::key_usage).await?,
         None => None,
     };
     tx.commit().await?;
-    Ok(AccountFacts {
-        tenant: t,
-        balance,
-        key: key_row.as_ref().map(key_usage).transpose()?,
-        totals: totals_at(&all, 0)?,
-        lease,
-    })
-}
-
-async fn keys_page_q(
-    client: &mut Client,
-    tenant: TenantId,
-    after: Option<&TimeCursor>,
-    limit: i64,
-) -> PgResult<Vec<KeyUsage>> {
-    let (at, id) = after.map_or((i64::MIN, String::new()), |c| (c.at, c.id.clone()));
-    let rows = client
-        .query_typed(
-            &format!(
-                "SELECT {KEY_COLUMNS}
-                  WHERE k.tenant_id = $1 AND (k.created_at, k.id) > ($2, $3)
-                  ORDER BY k.created_at, k.id LIMIT $4"
-            ),
-            &[
-                (&tenant, Type::INT8),
-                (&at, Type::INT8),
-                (&id, Type::TEXT),
-                (&limit, Type::INT8),
-            ],
-        )
-        .await?;
-    rows.iter().map(key_usage).collect()
-}
-
-/// A tenant's request rows before ($2 at, $3 id), newest first.
-pub fn requests_sql() -> String {
-    format!(
-        "SELECT {} FROM ledger
-          WHERE tenant_id = $1 AND kind = 'request' AND (at, entry_id) < ($2, $3)
-          ORDER BY at DESC, entry_id DESC LIMIT $4",
-        names(LEDGER_COLUMNS)
-    )
-}
-
-/// A tenant's top-ups before ($2 at, $3 id), newest first.
-pub const TOP_UPS_SQL: &str = "SELECT entry_id, at, delta, note FROM ledger
-  WHERE tenant_id = $1 AND kind = 'topup' AND (at, entry_id) < ($2, $3)
-  ORDER BY at DESC, entry_id DESC LIMIT $4";
-
-async fn requests_q(
-    client: &mut Client,
-    tenant: TenantId,
-    before: Option<&TimeCursor>,
-    limit: i64,
-) -> PgResult<Vec<LedgerRow>> {
-    let (at, id) = before.map_or((i64::MAX, String::new()), |c| (c.at, c.id.clone()));
-    let rows = client
-        .query_typed(
-            &requests_sql(),
-            &[
-                (&tenant, Type::INT8),
-                (&at, Type::INT8),
-                (&id, Type::TEXT),
-                (&limit, Type::INT8),
-            ],
-        )
-        .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.push(RawLedgerRow::from_pg(&r)?.into_row()?);
-    }
-    Ok(out)
-}
-
-async fn top_ups_q(
-    client: &mut Client,
-    tenant: TenantId,
-    before: Option<&TimeCursor>,
-    limit: i64,
-) -> PgResult<Vec<TopUp>> {
-    let (at, id) = before.map_or((i64::MAX, String::new()), |c| (c.at, c.id.clone()));
-    let rows = client
-        .query_typed(
-            TOP_UPS_SQL,
-            &[
-                (&tenant, Type::INT8),
-                (&at, Type::INT8),
-                (&id, Type::TEXT),
-                (&limit, Type::INT8),
-            ],
-        )
-        .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        out.push(TopUp {
-            id: r.try_get(0)?,
-            tenant_id: tenant,
-            at: r.try_get(1)?,
-            amount: Pen::from_picos(i128::from(r.try_get::<_, i64>(2)?)),
-            note: r.try_get::<_, Option<String>>(3)?.unwrap_or_default(),
-        });
-    }
-    Ok(out)
-}
-
-fn limit_i64(limit: usize) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
+    Ok(q::account(head, lease, totals, key))
 }
 
 #[async_trait]
 impl UsageStore for PgStore {
-    async fn usage(&self, q: &UsageQuery) -> StoreResult<Vec<UsageGroup>> {
-        with_retry!(self, c => usage_q(c, q))
+    async fn usage(&self, uq: &UsageQuery) -> StoreResult<Vec<UsageGroup>> {
+        with_retry!(self, c => usage(c, uq))
     }
 
     async fn account(
@@ -414,7 +146,7 @@ impl UsageStore for PgStore {
         key: Option<&str>,
         replica: &str,
     ) -> StoreResult<AccountFacts> {
-        with_retry!(self, c => account_q(c, tenant, key, replica))
+        with_retry!(self, c => account(c, tenant, key, replica))
     }
 
     async fn keys_page(
@@ -423,7 +155,8 @@ impl UsageStore for PgStore {
         after: Option<&TimeCursor>,
         limit: usize,
     ) -> StoreResult<Vec<KeyUsage>> {
-        with_retry!(self, c => keys_page_q(c, tenant, after, limit_i64(limit)))
+        let page = Page::new(tenant, after, i64::MIN, limit);
+        with_retry!(self, c => query(&*c, &q::KEYS_PAGE, &page.values(), q::key_usage))
     }
 
     async fn requests_page(
@@ -432,7 +165,8 @@ impl UsageStore for PgStore {
         before: Option<&TimeCursor>,
         limit: usize,
     ) -> StoreResult<Vec<LedgerRow>> {
-        with_retry!(self, c => requests_q(c, tenant, before, limit_i64(limit)))
+        let page = Page::new(tenant, before, i64::MAX, limit);
+        with_retry!(self, c => ledger_rows_of(&*c, &q::REQUESTS_PAGE, &page.values()))
     }
 
     async fn top_ups_page(
@@ -441,6 +175,8 @@ impl UsageStore for PgStore {
         before: Option<&TimeCursor>,
         limit: usize,
     ) -> StoreResult<Vec<TopUp>> {
-        with_retry!(self, c => top_ups_q(c, tenant, before, limit_i64(limit)))
+        let page = Page::new(tenant, before, i64::MAX, limit);
+        let read = |c: &mut Cols<'_>| ledger::top_up(c, tenant);
+        with_retry!(self, c => query(&*c, &q::TOP_UPS_PAGE, &page.values(), read))
     }
 }

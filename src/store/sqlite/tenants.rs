@@ -1,97 +1,39 @@
-//! Tenants on SQLite: creating one, finding one by name, and the list with each tenant's
-//! balance, leased amount and active keys. A new tenant bumps `keys_version` (see `keys`):
-//! the gateway's key table carries tenant names.
+//! Tenants and API keys on SQLite ([`TenantStore`]), with the tenant row's balance as the other
+//! files read and write it. The statements are `sql::tenants`'; what is SQLite's own is the
+//! transactions (see the backend's docs) and the balance written back as text, computed in
+//! Rust. Every change to keys or tenants bumps `keys_version` in the same transaction (the
+//! gateway's key table carries tenant names).
 
-use super::keys::bump_keys_version;
-use super::{read_tx, sql_err, write_tx};
+use super::{execute, query, query_opt, read_tx, sql_err, write_tx, SqliteStore};
 use crate::money::Pen;
-use crate::store::rows::{conflict_if_unique, tenant_missing, Taken};
-use crate::store::sql_money::{i64_to_u64, pen_from_text};
-use crate::store::{now_ms, StoreResult, Tenant, TenantId, TenantSummary};
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
-use std::collections::HashMap;
+use crate::store::rows::{conflict_if_unique, limits_to_sql, tenant_missing, Taken};
+use crate::store::sql::tenants::{self as q, KEYS_VERSION};
+use crate::store::sql::SqlValue::{Int, OptInt, Text};
+use crate::store::sql_money::pen_to_text;
+use crate::store::{
+    now_ms, ActiveKey, KeyInfo, NewKey, StoreError, StoreResult, Tenant, TenantId, TenantStore,
+    TenantSummary,
+};
+use async_trait::async_trait;
+use rusqlite::{params, Connection, Transaction};
 
-pub(super) fn create_tenant(conn: &mut Connection, name: String) -> StoreResult<Tenant> {
-    let now = now_ms();
-    let tx = write_tx(conn)?;
-    tx.execute(
-        "INSERT INTO tenants (name, created_at, balance) VALUES (?1, ?2, '0')",
-        params![name, now],
-    )
-    .map_err(conflict_if_unique(Taken::TenantName(&name)))?;
-    let id = tx.last_insert_rowid();
-    bump_keys_version(&tx)?;
-    tx.commit().map_err(sql_err)?;
-    Ok(Tenant {
-        id,
-        name,
-        created_at: now,
-    })
+/// The tenant's balance, or `NotFound`.
+pub(super) fn read_balance(tx: &Transaction<'_>, tenant: TenantId) -> StoreResult<Pen> {
+    query_opt(tx, &q::LOCK_BALANCE, &[Int(tenant)], |c| {
+        c.pen("tenants.balance")
+    })?
+    .ok_or_else(|| tenant_missing(tenant))
 }
 
-pub(super) fn tenant_by_name(conn: &mut Connection, name: String) -> StoreResult<Option<Tenant>> {
-    conn.query_row(
-        "SELECT id, name, created_at FROM tenants WHERE name = ?1",
-        params![name],
-        |r| {
-            Ok(Tenant {
-                id: r.get(0)?,
-                name: r.get(1)?,
-                created_at: r.get(2)?,
-            })
-        },
-    )
-    .optional()
-    .map_err(sql_err)
-}
-
-pub(super) fn list_tenants(conn: &mut Connection) -> StoreResult<Vec<TenantSummary>> {
-    let tx = read_tx(conn)?;
-    let mut leased: HashMap<TenantId, Pen> = HashMap::new();
-    {
-        let mut stmt = tx
-            .prepare("SELECT tenant_id, amount FROM leases")
-            .map_err(sql_err)?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
-            .map_err(sql_err)?;
-        for row in rows {
-            let (tenant, amount) = row.map_err(sql_err)?;
-            *leased.entry(tenant).or_default() += pen_from_text(&amount, "leases.amount")?;
-        }
-    }
-    let mut stmt = tx
-        .prepare(
-            "SELECT t.id, t.name, t.created_at, t.balance,
-                            (SELECT COUNT(*) FROM api_keys k
-                              WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)
-                       FROM tenants t ORDER BY t.name",
-        )
+pub(super) fn write_balance(
+    tx: &Transaction<'_>,
+    tenant: TenantId,
+    balance: Pen,
+) -> StoreResult<()> {
+    tx.prepare_cached("UPDATE tenants SET balance = ?2 WHERE id = ?1")
+        .and_then(|mut s| s.execute(params![tenant, pen_to_text(balance)]))
         .map_err(sql_err)?;
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((
-                Tenant {
-                    id: r.get(0)?,
-                    name: r.get(1)?,
-                    created_at: r.get(2)?,
-                },
-                r.get::<_, String>(3)?,
-                r.get::<_, i64>(4)?,
-            ))
-        })
-        .map_err(sql_err)?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (tenant, balance, keys) = row.map_err(sql_err)?;
-        out.push(TenantSummary {
-            balance: pen_from_text(&balance, "tenants.balance")?,
-            leased: leased.get(&tenant.id).copied().unwrap_or_default(),
-            active_keys: i64_to_u64(keys, "active key count")?,
-            tenant,
-        });
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// A tenant and its balance, read in `tx` (the snapshot a statement or an account view reads
@@ -100,23 +42,133 @@ pub(super) fn tenant_with_balance(
     tx: &Transaction<'_>,
     tenant: TenantId,
 ) -> StoreResult<(Tenant, Pen)> {
-    let (t, balance): (Tenant, String) = tx
-        .query_row(
-            "SELECT id, name, created_at, balance FROM tenants WHERE id = ?1",
-            params![tenant],
-            |r| {
-                Ok((
-                    Tenant {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        created_at: r.get(2)?,
-                    },
-                    r.get(3)?,
-                ))
-            },
-        )
-        .optional()
-        .map_err(sql_err)?
-        .ok_or_else(|| tenant_missing(tenant))?;
-    Ok((t, pen_from_text(&balance, "tenants.balance")?))
+    query_opt(tx, &q::TENANT_WITH_BALANCE, &[Int(tenant)], |c| {
+        Ok((q::tenant(c)?, c.pen("tenants.balance")?))
+    })?
+    .ok_or_else(|| tenant_missing(tenant))
+}
+
+fn create_tenant(conn: &mut Connection, name: &str) -> StoreResult<Tenant> {
+    let now = now_ms();
+    let tx = write_tx(conn)?;
+    let id = query_opt(&tx, &q::CREATE_TENANT, &[Text(name), Int(now)], |c| c.int())
+        .map_err(conflict_if_unique(Taken::TenantName(name)))?
+        .ok_or_else(|| StoreError::Backend("the new tenant's id was not returned".into()))?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
+    tx.commit().map_err(sql_err)?;
+    Ok(Tenant {
+        id,
+        name: name.to_owned(),
+        created_at: now,
+    })
+}
+
+fn list_tenants(conn: &mut Connection) -> StoreResult<Vec<TenantSummary>> {
+    let tx = read_tx(conn)?;
+    let leased = q::leased(query(&tx, &q::LEASED, &[], q::lease_amount)?);
+    Ok(query(&tx, &q::LIST_TENANTS, &[], |c| {
+        q::summary(c, &leased)
+    })?)
+}
+
+fn create_key(conn: &mut Connection, key: NewKey) -> StoreResult<KeyInfo> {
+    let now = now_ms();
+    let limits = limits_to_sql(key.limits)?;
+    let tx = write_tx(conn)?;
+    let tenant_name = query_opt(&tx, &q::TENANT_NAME, &[Int(key.tenant)], |c| c.text())?
+        .ok_or_else(|| tenant_missing(key.tenant))?;
+    execute(&tx, &q::INSERT_KEY, &q::key_values(&key, now, limits))
+        .map_err(conflict_if_unique(Taken::Key(&key.id)))?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
+    tx.commit().map_err(sql_err)?;
+    Ok(KeyInfo {
+        id: key.id,
+        tenant_id: key.tenant,
+        tenant_name,
+        label: key.label,
+        secret_prefix: key.secret_prefix,
+        created_at: now,
+        revoked_at: None,
+        limits: key.limits,
+    })
+}
+
+fn revoke_key(conn: &mut Connection, key_id: &str) -> StoreResult<bool> {
+    let tx = write_tx(conn)?;
+    let revoked = query_opt(&tx, &q::KEY_REVOKED_AT, &[Text(key_id)], |c| c.opt_int())?
+        .ok_or_else(|| StoreError::NotFound(format!("key {key_id} does not exist")))?;
+    if revoked.is_some() {
+        return Ok(false);
+    }
+    execute(&tx, &q::REVOKE_KEY, &[Text(key_id), Int(now_ms())])?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
+    tx.commit().map_err(sql_err)?;
+    Ok(true)
+}
+
+fn list_keys(conn: &mut Connection, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
+    let tx = read_tx(conn)?;
+    if let Some(t) = tenant {
+        query_opt(&tx, &q::TENANT_EXISTS, &[Int(t)], |_| Ok(()))?
+            .ok_or_else(|| tenant_missing(t))?;
+    }
+    Ok(query(&tx, &q::LIST_KEYS, &[OptInt(tenant)], q::key_info)?)
+}
+
+fn keys_version(conn: &Connection) -> StoreResult<i64> {
+    conn.prepare_cached(KEYS_VERSION)
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(sql_err)
+}
+
+fn active_keys(conn: &mut Connection) -> StoreResult<(i64, Vec<ActiveKey>)> {
+    let tx = read_tx(conn)?;
+    let version = keys_version(&tx)?;
+    Ok((version, query(&tx, &q::ACTIVE_KEYS, &[], q::active_key)?))
+}
+
+#[async_trait]
+impl TenantStore for SqliteStore {
+    async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
+        let name = name.to_owned();
+        self.run(move |conn| create_tenant(conn, &name)).await
+    }
+
+    async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>> {
+        let name = name.to_owned();
+        self.run(move |conn| {
+            Ok(query_opt(
+                conn,
+                &q::TENANT_BY_NAME,
+                &[Text(&name)],
+                q::tenant,
+            )?)
+        })
+        .await
+    }
+
+    async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>> {
+        self.run(list_tenants).await
+    }
+
+    async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo> {
+        self.run(move |conn| create_key(conn, key)).await
+    }
+
+    async fn revoke_key(&self, key_id: &str) -> StoreResult<bool> {
+        let key_id = key_id.to_owned();
+        self.run(move |conn| revoke_key(conn, &key_id)).await
+    }
+
+    async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>> {
+        self.run(move |conn| list_keys(conn, tenant)).await
+    }
+
+    async fn keys_version(&self) -> StoreResult<i64> {
+        self.run(|conn| keys_version(conn)).await
+    }
+
+    async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
+        self.run(active_keys).await
+    }
 }

@@ -1,43 +1,26 @@
-//! Money held on SQLite: top-ups, balances, and the leases replicas hold against them (grant,
-//! release, heartbeat, reclaim, drop), with the helpers `record` also charges through.
+//! Leases and shared rate windows on SQLite: the leases replicas hold against balances (grant,
+//! release, heartbeat, reclaim, drop), with the helpers `record` also charges through, and the
+//! rate windows several processes on one host may share (the old and new process of a graceful
+//! upgrade, or replicas configured with `limits.engine = "store"`).
 //!
-//! Money follows `sql_money`: ledger deltas are INTEGER pico-soles; balances and leases are
-//! TEXT decimal integers, read, changed in Rust (i128) and written back inside the transaction;
-//! sums use split halves so they can neither overflow nor become floats.
+//! Leases are TEXT decimal integers of pico-soles (see `sql_money`), read, changed in Rust
+//! (i128) and written back inside the transaction. A batch of rate-window asks is one `BEGIN
+//! IMMEDIATE` transaction, so it is atomic against every other process's.
+//!
+//! There is no channel between processes here: the replica signals of PostgreSQL
+//! (`LISTEN`/`NOTIFY`) have no SQLite counterpart, so [`ReplicaChannel`] keeps its defaults.
 
-use super::{read_tx, sql_err, write_tx};
+use super::tenants::read_balance;
+use super::{sql_err, write_tx, SqliteStore};
 use crate::money::Pen;
-use crate::store::rows::{replayed_top_up, tenant_missing, EarlierTopUp};
 use crate::store::sql_money::{pen_from_text, pen_to_text};
 use crate::store::{
-    now_ms, Balance, LeaseAsk, LeaseGrant, LeaseReading, StoreResult, TenantId, TopUp,
-    TopUpOutcome, UnixMs,
+    check_quota_asks, now_ms, LeaseAsk, LeaseGrant, LeaseReading, LeaseStore, QuotaAsk, QuotaGrant,
+    ReplicaChannel, StoreError, StoreResult, TenantId, UnixMs,
 };
+use async_trait::async_trait;
 use quipu_core::billing::lease::lease_grant;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
-
-/// The tenant's balance, or `NotFound`.
-pub(super) fn read_balance(tx: &Transaction<'_>, tenant: TenantId) -> StoreResult<Pen> {
-    let text: Option<String> = tx
-        .prepare_cached("SELECT balance FROM tenants WHERE id = ?1")
-        .and_then(|mut s| s.query_row(params![tenant], |r| r.get(0)).optional())
-        .map_err(sql_err)?;
-    match text {
-        Some(t) => pen_from_text(&t, "tenants.balance"),
-        None => Err(tenant_missing(tenant)),
-    }
-}
-
-pub(super) fn write_balance(
-    tx: &Transaction<'_>,
-    tenant: TenantId,
-    balance: Pen,
-) -> StoreResult<()> {
-    tx.prepare_cached("UPDATE tenants SET balance = ?2 WHERE id = ?1")
-        .and_then(|mut s| s.execute(params![tenant, pen_to_text(balance)]))
-        .map_err(sql_err)?;
-    Ok(())
-}
 
 /// Every lease on the tenant: replica → amount.
 pub(super) fn read_leases(
@@ -128,64 +111,7 @@ pub(super) fn write_own(
     })
 }
 
-pub(super) fn top_up_once(
-    conn: &mut Connection,
-    tenant: TenantId,
-    amount: Pen,
-    delta: i64,
-    id: String,
-    note: String,
-) -> StoreResult<TopUpOutcome> {
-    let now = now_ms();
-    let tx = write_tx(conn)?;
-    let balance = read_balance(&tx, tenant)?;
-    let earlier = tx
-        .query_row(
-            "SELECT tenant_id, delta, at, note FROM ledger WHERE entry_id = ?1",
-            params![id],
-            |r| {
-                Ok(EarlierTopUp {
-                    tenant_id: r.get(0)?,
-                    delta: r.get(1)?,
-                    at: r.get(2)?,
-                    note: r.get(3)?,
-                })
-            },
-        )
-        .optional()
-        .map_err(sql_err)?;
-    if let Some(earlier) = earlier {
-        return replayed_top_up(id, tenant, amount, delta, earlier, balance);
-    }
-    tx.execute(
-        "INSERT INTO ledger (entry_id, kind, tenant_id, at, delta, note)
-                 VALUES (?1, 'topup', ?2, ?3, ?4, ?5)",
-        params![id, tenant, now, delta, note],
-    )
-    .map_err(sql_err)?;
-    write_balance(&tx, tenant, balance + amount)?;
-    tx.commit().map_err(sql_err)?;
-    Ok(TopUpOutcome {
-        top_up: TopUp {
-            id,
-            tenant_id: tenant,
-            amount,
-            at: now,
-            note,
-        },
-        balance: balance + amount,
-        replayed: false,
-    })
-}
-
-pub(super) fn balance(conn: &mut Connection, tenant: TenantId) -> StoreResult<Balance> {
-    let tx = read_tx(conn)?;
-    let balance = read_balance(&tx, tenant)?;
-    let leased = read_leases(&tx, tenant)?.into_iter().map(|l| l.1).sum();
-    Ok(Balance { balance, leased })
-}
-
-pub(super) fn grant_lease(
+fn grant_lease(
     conn: &mut Connection,
     replica: String,
     tenant: TenantId,
@@ -208,7 +134,7 @@ pub(super) fn grant_lease(
     })
 }
 
-pub(super) fn release_lease(
+fn release_lease(
     conn: &mut Connection,
     replica: String,
     tenant: TenantId,
@@ -224,10 +150,7 @@ pub(super) fn release_lease(
     Ok(Some(reading))
 }
 
-pub(super) fn heartbeat(
-    conn: &mut Connection,
-    replica: String,
-) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
+fn heartbeat(conn: &mut Connection, replica: String) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
     let tx = write_tx(conn)?;
     let mut out = Vec::new();
     {
@@ -256,7 +179,7 @@ pub(super) fn heartbeat(
     Ok(out)
 }
 
-pub(super) fn reclaim_stale_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
+fn reclaim_stale_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
     let cutoff = now_ms().saturating_sub(max_age_ms);
     let n = conn
         .execute(
@@ -268,7 +191,7 @@ pub(super) fn reclaim_stale_leases(conn: &mut Connection, max_age_ms: i64) -> St
     Ok(n as u64)
 }
 
-pub(super) fn forget_silent_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
+fn forget_silent_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
     let cutoff = now_ms().saturating_sub(max_age_ms);
     let n = conn
         .execute(
@@ -279,8 +202,131 @@ pub(super) fn forget_silent_leases(conn: &mut Connection, max_age_ms: i64) -> St
     Ok(n as u64)
 }
 
-pub(super) fn drop_leases(conn: &mut Connection, replica: String) -> StoreResult<()> {
+fn drop_leases(conn: &mut Connection, replica: String) -> StoreResult<()> {
     conn.execute("DELETE FROM leases WHERE replica = ?1", params![replica])
         .map_err(sql_err)?;
     Ok(())
 }
+
+fn to_i64(v: u64, what: &str) -> StoreResult<i64> {
+    i64::try_from(v)
+        .map_err(|_| StoreError::Invalid(format!("{what} {v} does not fit a 64-bit count")))
+}
+
+fn take_quota(conn: &mut Connection, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)> {
+    let tx = write_tx(conn)?;
+    let mut grants = Vec::with_capacity(asks.len());
+    for a in asks {
+        let want = to_i64(a.want, "a rate-window ask of")?;
+        let limit = to_i64(a.limit, "a rate limit of")?;
+        let taken: i64 = tx
+            .prepare_cached(
+                "SELECT taken FROM rate_windows
+                  WHERE subject = ?1 AND window_ms = ?2 AND window_start = ?3",
+            )
+            .and_then(|mut s| {
+                s.query_row(params![a.subject, a.window_ms, a.window_start], |r| {
+                    r.get(0)
+                })
+                .optional()
+            })
+            .map_err(sql_err)?
+            .unwrap_or(0);
+        let base = taken.saturating_add(a.add).max(0);
+        let granted = want.min(limit.saturating_sub(base).max(0));
+        let after = base.saturating_add(granted);
+        tx.prepare_cached(
+            "INSERT INTO rate_windows (subject, window_ms, window_start, taken, granted, ends_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (subject, window_ms, window_start)
+             DO UPDATE SET taken = excluded.taken, granted = excluded.granted",
+        )
+        .and_then(|mut s| {
+            s.execute(params![
+                a.subject,
+                a.window_ms,
+                a.window_start,
+                after,
+                granted,
+                a.window_start.saturating_add(a.window_ms)
+            ])
+        })
+        .map_err(sql_err)?;
+        grants.push(QuotaGrant {
+            granted: u64::try_from(granted).unwrap_or(0),
+            taken: u64::try_from(after).unwrap_or(0),
+        });
+    }
+    tx.commit().map_err(sql_err)?;
+    Ok((grants, now_ms()))
+}
+
+fn expire_quota(conn: &mut Connection, age_ms: i64) -> StoreResult<u64> {
+    let cutoff = now_ms().saturating_sub(age_ms);
+    let n = conn
+        .execute(
+            "DELETE FROM rate_windows WHERE ends_at < ?1",
+            params![cutoff],
+        )
+        .map_err(sql_err)?;
+    Ok(n as u64)
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn grant_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        ask: LeaseAsk,
+    ) -> StoreResult<LeaseGrant> {
+        let replica = replica.to_owned();
+        self.run(move |conn| grant_lease(conn, replica, tenant, ask))
+            .await
+    }
+
+    async fn release_lease(
+        &self,
+        replica: &str,
+        tenant: TenantId,
+        amount: Pen,
+    ) -> StoreResult<Option<LeaseReading>> {
+        let amount = amount.max(Pen::ZERO);
+        let replica = replica.to_owned();
+        self.run(move |conn| release_lease(conn, replica, tenant, amount))
+            .await
+    }
+
+    async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
+        let replica = replica.to_owned();
+        self.run(move |conn| heartbeat(conn, replica)).await
+    }
+
+    async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
+        self.run(move |conn| reclaim_stale_leases(conn, max_age_ms))
+            .await
+    }
+
+    async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
+        self.run(move |conn| forget_silent_leases(conn, max_age_ms))
+            .await
+    }
+
+    async fn drop_leases(&self, replica: &str) -> StoreResult<()> {
+        let replica = replica.to_owned();
+        self.run(move |conn| drop_leases(conn, replica)).await
+    }
+
+    async fn take_quota(&self, asks: &[QuotaAsk]) -> StoreResult<(Vec<QuotaGrant>, UnixMs)> {
+        check_quota_asks(asks)?;
+        let asks = asks.to_vec();
+        self.run(move |conn| take_quota(conn, &asks)).await
+    }
+
+    async fn expire_quota(&self, age_ms: i64) -> StoreResult<u64> {
+        self.run(move |conn| expire_quota(conn, age_ms)).await
+    }
+}
+
+/// One process: no channel to other replicas (see the module docs).
+impl ReplicaChannel for SqliteStore {}
