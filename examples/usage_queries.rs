@@ -146,6 +146,7 @@ async fn main() -> Result<(), String> {
             http_status: 200,
             unbilled: Pen::ZERO,
             input_estimated: false,
+            caps: Vec::new(),
         });
         if batch.len() == 2000 || i + 1 == a.rows {
             s.record("bench", &batch).await.map_err(|e| e.to_string())?;

@@ -330,6 +330,7 @@ fn row(id: &str, tenant: TenantId, at: i64, model: &str, charge: Pen) -> LedgerR
         http_status: 200,
         unbilled: Pen::ZERO,
         input_estimated: false,
+        caps: Vec::new(),
     }
 }
 

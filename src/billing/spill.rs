@@ -214,6 +214,7 @@ mod tests {
             http_status: 200,
             unbilled: Pen::ZERO,
             input_estimated: false,
+            caps: Vec::new(),
         }
     }
 

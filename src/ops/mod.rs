@@ -181,6 +181,7 @@ mod test_util {
             http_status: 200,
             unbilled: Pen::ZERO,
             input_estimated: false,
+            caps: Vec::new(),
         }
     }
 }

@@ -141,6 +141,7 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             ctx.admitted = Some(Admitted {
                 reservation,
                 input_estimate: quote.input_estimate,
+                caps: Vec::new(),
                 books: Books {
                     config: gw.config.clone(),
                     accounts: gw.accounts.clone(),

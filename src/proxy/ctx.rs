@@ -79,6 +79,8 @@ pub struct Admitted {
     pub reservation: Reservation,
     /// Input tokens billed if the upstream reports none (the quote's estimate).
     pub input_estimate: u64,
+    /// The cap pools it reserved against too (their ids), which its ledger row names.
+    pub caps: Vec<String>,
     /// Where the settlement bills it.
     pub books: Books,
 }

@@ -72,6 +72,7 @@ pub fn settle_request(ctx: &mut RequestCtx) -> Option<Settled> {
         http_status: ctx.ending.status,
         unbilled: s.unbilled,
         input_estimated: s.input_estimated,
+        caps: admitted.caps,
     });
     ctx.usage = Some(s.usage);
     ctx.charged = charge;

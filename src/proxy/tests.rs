@@ -67,6 +67,7 @@ async fn a_request_that_never_reaches_finish_is_billed_once_from_drop() {
         ctx.admitted = Some(Admitted {
             reservation,
             input_estimate: 1,
+            caps: Vec::new(),
             books: books.clone(),
         });
         ctx

@@ -205,6 +205,10 @@ pub struct LedgerRow {
     /// `input_tokens` is the gateway's estimate, because the upstream reported none (a cut
     /// stream, or an upstream that sends usage only at the end).
     pub input_estimated: bool,
+    /// The cap pools it reserved against (`quipu_core::billing::pool::CapPool` ids): its
+    /// charge is recorded against each. Absent from rows older versions wrote.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caps: Vec<String>,
 }
 
 /// A request row the store refused as invalid, kept aside (the dead-letter table) so that the

@@ -35,6 +35,8 @@ table_row!(
         http_status: Option<i32>,
         unbilled: i64,
         input_estimated: bool,
+        /// The cap pools it reserved against, comma-separated (`''`: none).
+        caps: String,
     }
 );
 
@@ -72,6 +74,7 @@ pub(crate) fn check_row(row: &LedgerRow) -> StoreResult<RawLedgerRow> {
             http_status: Some(i32::from(row.http_status)),
             unbilled: pen_to_i64(row.unbilled, "the unbilled amount")?,
             input_estimated: row.input_estimated,
+            caps: row.caps.join(","),
         })
     };
     raw().map_err(invalid)
@@ -111,6 +114,7 @@ impl RawLedgerRow {
             http_status,
             unbilled,
             input_estimated,
+            caps,
         } = self;
         let http_status = http_status.unwrap_or(0);
         Ok(LedgerRow {
@@ -132,6 +136,11 @@ impl RawLedgerRow {
             status: status.unwrap_or_default(),
             unbilled: Pen::from_picos(i128::from(unbilled)),
             input_estimated,
+            caps: caps
+                .split(',')
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned)
+                .collect(),
         })
     }
 }
@@ -422,6 +431,7 @@ mod tests {
             http_status: 499,
             unbilled: Pen::from_picos(7),
             input_estimated: true,
+            caps: Vec::new(),
         }
     }
 

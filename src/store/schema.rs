@@ -50,6 +50,19 @@
 //! A stale lease is no longer deleted but zeroed (`reclaim_stale_leases`); the row of a replica
 //! silent for a day goes (`forget_silent_leases`).
 //!
+//! Migration 8 added what governs keys and tenants. `api_keys`: `models` (the list of models
+//! a key may use, as the operator or tenant wrote it; `NULL` every model), `cap_amount` and
+//! `cap_period` (a spend cap per `day`, `week`, `month` in the tenant's time zone, or `total`),
+//! `expires_at`, `disabled`, `manage` (it may manage its tenant's keys), `priority`
+//! (`interactive` or `batch`: see `schedule`) and `rotated_to` (the key that replaced it).
+//! `tenants`: `weight` (its share of a saturated model), `monthly_cap`, `time_zone` (which
+//! bounds its cap periods and its account's days) and `low_balance` (the threshold of its
+//! balance alert). Amounts there are text pico-soles on both backends: compared, never summed
+//! in SQL. `ledger.caps`: the cap pools a request reserved against (comma-separated ids, see
+//! `quipu_core::billing::pool`), which its charge is recorded against. `cap_pools` (one cap
+//! for one period: its limit and what was spent in it) and `cap_leases` (the replicas' leases
+//! on them, as `leases` are on balances).
+//!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
 //! Migrations are numbered from 1 and applied in order at open, each in the same transaction
@@ -264,7 +277,46 @@ ALTER TABLE leases ADD COLUMN spent TEXT NOT NULL DEFAULT '0' CHECK (spent NOT L
 ALTER TABLE leases ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
 "#,
     ),
+    (8, GOVERNANCE_SQLITE),
 ];
+
+/// Migration 8 on SQLite (see the module docs).
+const GOVERNANCE_SQLITE: &str = r#"
+ALTER TABLE api_keys ADD COLUMN models TEXT;
+ALTER TABLE api_keys ADD COLUMN cap_amount TEXT CHECK (cap_amount NOT LIKE '-%');
+ALTER TABLE api_keys ADD COLUMN cap_period TEXT CHECK (cap_period IN ('day', 'week', 'month', 'total'));
+ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
+ALTER TABLE api_keys ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0 CHECK (disabled IN (0, 1));
+ALTER TABLE api_keys ADD COLUMN manage INTEGER NOT NULL DEFAULT 0 CHECK (manage IN (0, 1));
+ALTER TABLE api_keys ADD COLUMN priority TEXT NOT NULL DEFAULT 'interactive' CHECK (priority IN ('interactive', 'batch'));
+ALTER TABLE api_keys ADD COLUMN rotated_to TEXT;
+
+ALTER TABLE tenants ADD COLUMN weight INTEGER NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000);
+ALTER TABLE tenants ADD COLUMN monthly_cap TEXT CHECK (monthly_cap NOT LIKE '-%');
+ALTER TABLE tenants ADD COLUMN time_zone TEXT NOT NULL DEFAULT 'America/Lima';
+ALTER TABLE tenants ADD COLUMN low_balance TEXT CHECK (low_balance NOT LIKE '-%');
+
+ALTER TABLE ledger ADD COLUMN caps TEXT NOT NULL DEFAULT '';
+
+CREATE TABLE cap_pools (
+    pool          TEXT    PRIMARY KEY,
+    tenant_id     INTEGER NOT NULL REFERENCES tenants(id),
+    cap_limit     TEXT    NOT NULL CHECK (cap_limit NOT LIKE '-%'),
+    spent         TEXT    NOT NULL CHECK (spent NOT LIKE '-%'),
+    period_end    INTEGER
+) STRICT;
+
+CREATE TABLE cap_leases (
+    pool          TEXT    NOT NULL REFERENCES cap_pools(pool),
+    replica       TEXT    NOT NULL,
+    amount        TEXT    NOT NULL CHECK (amount NOT LIKE '-%'),
+    spent         TEXT    NOT NULL DEFAULT '0' CHECK (spent NOT LIKE '-%'),
+    version       INTEGER NOT NULL DEFAULT 0,
+    heartbeat_at  INTEGER NOT NULL,
+    PRIMARY KEY (pool, replica)
+) STRICT;
+CREATE INDEX cap_leases_by_replica ON cap_leases (replica);
+"#;
 
 /// PostgreSQL migrations, `(version, SQL)`; the same logical schema as [`SQLITE_MIGRATIONS`].
 /// Running amounts are `NUMERIC(40,0)` pico-soles.
@@ -428,7 +480,48 @@ ALTER TABLE leases
     ADD COLUMN version BIGINT        NOT NULL DEFAULT 0;
 "#,
     ),
+    (8, GOVERNANCE_PG),
 ];
+
+/// Migration 8 on PostgreSQL (see the module docs).
+const GOVERNANCE_PG: &str = r#"
+ALTER TABLE api_keys
+    ADD COLUMN models      TEXT,
+    ADD COLUMN cap_amount  TEXT CHECK (cap_amount NOT LIKE '-%'),
+    ADD COLUMN cap_period  TEXT CHECK (cap_period IN ('day', 'week', 'month', 'total')),
+    ADD COLUMN expires_at  BIGINT,
+    ADD COLUMN disabled    BIGINT NOT NULL DEFAULT 0 CHECK (disabled IN (0, 1)),
+    ADD COLUMN manage      BIGINT NOT NULL DEFAULT 0 CHECK (manage IN (0, 1)),
+    ADD COLUMN priority    TEXT   NOT NULL DEFAULT 'interactive' CHECK (priority IN ('interactive', 'batch')),
+    ADD COLUMN rotated_to  TEXT;
+
+ALTER TABLE tenants
+    ADD COLUMN weight      BIGINT NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
+    ADD COLUMN monthly_cap TEXT CHECK (monthly_cap NOT LIKE '-%'),
+    ADD COLUMN time_zone   TEXT   NOT NULL DEFAULT 'America/Lima',
+    ADD COLUMN low_balance TEXT CHECK (low_balance NOT LIKE '-%');
+
+ALTER TABLE ledger ADD COLUMN caps TEXT NOT NULL DEFAULT '';
+
+CREATE TABLE cap_pools (
+    pool          TEXT          PRIMARY KEY,
+    tenant_id     BIGINT        NOT NULL REFERENCES tenants(id),
+    cap_limit     NUMERIC(40,0) NOT NULL CHECK (cap_limit >= 0),
+    spent         NUMERIC(40,0) NOT NULL CHECK (spent >= 0),
+    period_end    BIGINT
+);
+
+CREATE TABLE cap_leases (
+    pool          TEXT          NOT NULL REFERENCES cap_pools(pool),
+    replica       TEXT          NOT NULL,
+    amount        NUMERIC(40,0) NOT NULL CHECK (amount >= 0),
+    spent         NUMERIC(40,0) NOT NULL DEFAULT 0 CHECK (spent >= 0),
+    version       BIGINT        NOT NULL DEFAULT 0,
+    heartbeat_at  BIGINT        NOT NULL,
+    PRIMARY KEY (pool, replica)
+);
+CREATE INDEX cap_leases_by_replica ON cap_leases (replica);
+"#;
 
 /// The schema version this build migrates to.
 pub fn latest_version() -> i64 {

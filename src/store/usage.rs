@@ -288,6 +288,7 @@ mod tests {
             http_status: 200,
             unbilled: Pen::ZERO,
             input_estimated: false,
+            caps: Vec::new(),
         })
         .unwrap()
     }

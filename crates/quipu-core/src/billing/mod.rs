@@ -24,11 +24,11 @@
 //! [`crate::money`].
 
 pub mod book;
-pub mod pool;
 #[cfg(test)]
 mod book_model;
 pub mod display;
 pub mod lease;
+pub mod pool;
 pub mod price;
 pub mod quote;
 pub mod settle;
