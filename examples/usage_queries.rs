@@ -106,6 +106,7 @@ async fn main() -> Result<(), String> {
                 secret_hash: hash,
                 secret_prefix: prefix,
                 limits: KeyLimits::default(),
+                rules: Default::default(),
             })
             .await
             .map_err(|e| e.to_string())?;

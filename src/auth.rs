@@ -10,18 +10,22 @@
 //! Timing: the lookup is by digest, so its timing depends on the digest of the presented key,
 //! not on any stored secret; the digests are then compared in constant time.
 
+use crate::config::Config;
 use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::governance::models::{AllowedModels, Catalog, ModelList};
 use crate::keys::{constant_time_eq, hash_secret};
 use crate::metrics::TenantMeters;
 use crate::ratelimit::{RateCounters, Subject, Windows};
-use crate::store::{ActiveKey, KeyLimits, StoreResult, TenantId, TenantStore};
+use crate::store::{
+    ActiveKey, KeyLimits, KeyRules, StoreResult, TenantId, TenantRules, TenantStore,
+};
 use crate::translate::wire;
 use arc_swap::ArcSwap;
 use http::HeaderMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Who is calling: the key, its tenant, and the key's own limits.
+/// Who is calling: the key, its tenant, and what governs them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub key_id: String,
@@ -32,6 +36,29 @@ pub struct Principal {
     pub weight: std::num::NonZeroU32,
     /// The key's requests run only on capacity interactive traffic leaves free.
     pub batch: bool,
+    /// The models it may use, compiled against the configured ones (`None`: every model).
+    pub models: Option<AllowedModels>,
+    /// Its cap, expiry, switch and scope, as stored.
+    pub rules: KeyRules,
+    pub tenant_rules: TenantRules,
+}
+
+impl Principal {
+    /// Why the key cannot be used at `now`, if it cannot: switched off, or expired.
+    pub fn unusable(&self, now: i64) -> Option<String> {
+        if self.rules.disabled {
+            return Some("this API key is disabled".into());
+        }
+        match self.rules.expires_at {
+            Some(at) if at <= now => Some(format!(
+                "this API key expired at {}",
+                chrono::DateTime::from_timestamp_millis(at)
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                    .unwrap_or_default()
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// An authenticated caller, as the key snapshot holds it: who it is, and the state kept per
@@ -56,6 +83,10 @@ pub struct KeySnapshot {
     current: ArcSwap<Snapshot>,
     /// Configured models, to size each principal's metric table.
     models: usize,
+    /// The configured slugs and alias patterns (with their slugs), that keys' model lists are
+    /// compiled against.
+    slugs: Vec<String>,
+    aliases: Vec<(String, String)>,
 }
 
 impl Default for KeySnapshot {
@@ -72,6 +103,45 @@ impl KeySnapshot {
                 keys: HashMap::new(),
             }),
             models,
+            slugs: Vec::new(),
+            aliases: Vec::new(),
+        }
+    }
+
+    /// The table of a gateway serving `config`'s models.
+    pub fn for_config(config: &Config) -> Self {
+        let catalog = Catalog::of(config);
+        let mut s = KeySnapshot::new(config.models.len());
+        s.slugs = catalog.slugs().iter().map(|x| (*x).to_owned()).collect();
+        s.aliases = catalog
+            .aliases()
+            .iter()
+            .map(|(p, m)| ((*p).to_owned(), (*m).to_owned()))
+            .collect();
+        s
+    }
+
+    fn catalog(&self) -> Catalog<'_> {
+        Catalog::new(
+            self.slugs.iter().map(String::as_str).collect(),
+            self.aliases
+                .iter()
+                .map(|(p, m)| (p.as_str(), m.as_str()))
+                .collect(),
+        )
+    }
+
+    /// A stored model list compiled against the configured models.
+    fn allowed(&self, key_id: &str, models: Option<&str>) -> Option<AllowedModels> {
+        let text = models?;
+        match ModelList::parse(text) {
+            Ok(list) => Some(list.compile(&self.catalog())),
+            Err(e) => {
+                // Stored lists were checked when written; refuse every model rather than allow
+                // every one if it no longer reads.
+                log::error!("key {key_id}: its model list \"{text}\" does not read: {e}");
+                Some(ModelList::nothing().compile(&self.catalog()))
+            }
         }
     }
 
@@ -101,12 +171,16 @@ impl KeySnapshot {
                     k.secret_hash,
                     Arc::new(Caller {
                         principal: Principal {
+                            models: self.allowed(&k.key_id, k.rules.models.as_deref()),
+                            weight: std::num::NonZeroU32::new(k.tenant_rules.weight)
+                                .unwrap_or(std::num::NonZeroU32::MIN),
+                            batch: k.rules.batch,
                             key_id: k.key_id,
                             tenant_id: k.tenant_id,
                             tenant_name: k.tenant_name,
                             limits: k.limits,
-                            weight: std::num::NonZeroU32::MIN,
-                            batch: false,
+                            rules: k.rules,
+                            tenant_rules: k.tenant_rules,
                         },
                         windows: Windows { key, tenant },
                         meters: TenantMeters::new(self.models),
@@ -181,8 +255,22 @@ impl KeySnapshot {
         }
         let by_bearer = bearer.and_then(|s| self.lookup(s));
         let by_api_key = api_key.and_then(|s| self.lookup(s));
-        if let Some(p) = by_bearer.or(by_api_key) {
-            return Ok(p);
+        let found = [by_bearer, by_api_key];
+        let mut unusable = None;
+        // Only a key with an expiry reads the clock.
+        let now = || crate::store::now_ms();
+        for caller in found.into_iter().flatten() {
+            let why = match caller.principal.rules.expires_at {
+                None if !caller.principal.rules.disabled => None,
+                _ => caller.principal.unusable(now()),
+            };
+            match why {
+                None => return Ok(caller),
+                Some(why) => unusable = unusable.or(Some(why)),
+            }
+        }
+        if let Some(why) = unusable {
+            return Err(deny(&why));
         }
         Err(deny(match (bearer.is_some() || api_key.is_some(), reads_x_api_key) {
             (true, _) => "invalid or revoked API key",
@@ -242,6 +330,8 @@ mod tests {
             tenant_id: tenant,
             tenant_name: format!("t{tenant}"),
             limits: KeyLimits::default(),
+            rules: Default::default(),
+            tenant_rules: Default::default(),
         };
         s.install(
             1,
@@ -383,6 +473,8 @@ mod tests {
             tenant_id: tenant,
             tenant_name: format!("t{tenant}"),
             limits,
+            rules: Default::default(),
+            tenant_rules: Default::default(),
         };
         let s = KeySnapshot::default();
         s.install(1, vec![active("sk-qp-0", "key_0", 0)]);

@@ -3,8 +3,8 @@
 
 use clap::{Args, Parser, Subcommand};
 use quipu::config::{Config, EMBEDDED_DEFAULT};
+use quipu::governance::models::Catalog;
 use quipu::ops;
-use quipu::store::KeyLimits;
 use quipu::store::Store;
 use std::future::Future;
 use std::io::Write;
@@ -110,6 +110,113 @@ enum TenantCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Change what governs a tenant: its share of a saturated model, its monthly cap, its time
+    /// zone, its low-balance alert.
+    Update {
+        name: String,
+        /// Its share of a saturated model, 1 to 1000 (default 1).
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Soles it may spend per calendar month (in its time zone), e.g. 100.00.
+        #[arg(long)]
+        monthly_cap: Option<String>,
+        #[arg(long, conflicts_with = "monthly_cap")]
+        no_monthly_cap: bool,
+        /// An IANA zone (default America/Lima): bounds its cap periods and its account's days.
+        #[arg(long)]
+        time_zone: Option<String>,
+        /// Send a `balance.low` alert when the balance falls below these soles.
+        #[arg(long)]
+        low_balance: Option<String>,
+        #[arg(long, conflicts_with = "low_balance")]
+        no_low_balance: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A key's settings on the command line (`quipu key create|update`).
+#[derive(Args)]
+struct KeyFlags {
+    #[arg(long)]
+    label: Option<String>,
+    /// Requests per minute for this key (default: the configured limit).
+    #[arg(long)]
+    rpm: Option<u64>,
+    /// Tokens per minute for this key (default: the configured limit).
+    #[arg(long)]
+    tpm: Option<u64>,
+    /// The models it may use: slugs, alias names or globs, comma-separated (colibri,claude-*).
+    #[arg(long, value_delimiter = ',')]
+    models: Option<Vec<String>>,
+    /// Every model again.
+    #[arg(long, conflicts_with = "models")]
+    all_models: bool,
+    /// Soles it may spend per --budget-period, e.g. 5.00.
+    #[arg(long, requires = "budget_period")]
+    budget: Option<String>,
+    /// day, week, month (in its tenant's time zone) or total.
+    #[arg(long, requires = "budget")]
+    budget_period: Option<String>,
+    #[arg(long, conflicts_with = "budget")]
+    no_budget: bool,
+    /// When it stops working, RFC 3339 (2026-12-31T00:00:00Z).
+    #[arg(long)]
+    expires: Option<String>,
+    #[arg(long, conflicts_with = "expires")]
+    no_expiry: bool,
+    /// Switch it off (it can be switched on again).
+    #[arg(long)]
+    disable: bool,
+    #[arg(long, conflicts_with = "disable")]
+    enable: bool,
+    /// It may manage its tenant's keys (/v1/keys).
+    #[arg(long)]
+    manage: bool,
+    #[arg(long, conflicts_with = "manage")]
+    no_manage: bool,
+    /// interactive (default) or batch: batch runs only on capacity others leave free.
+    #[arg(long, value_parser = ["interactive", "batch"])]
+    priority: Option<String>,
+}
+
+/// `Some(None)` when asked to clear, else `Some(v)` when given.
+fn clear_or<T>(clear: bool, v: Option<T>) -> Option<Option<T>> {
+    if clear {
+        Some(None)
+    } else {
+        v.map(Some)
+    }
+}
+
+impl KeyFlags {
+    fn change(self) -> ops::KeyChange {
+        let switch = |on: bool, off: bool| {
+            if on {
+                Some(true)
+            } else if off {
+                Some(false)
+            } else {
+                None
+            }
+        };
+        ops::KeyChange {
+            label: self.label,
+            rpm: self.rpm.map(Some),
+            tpm: self.tpm.map(Some),
+            models: clear_or(self.all_models, self.models),
+            budget: clear_or(
+                self.no_budget,
+                self.budget
+                    .zip(self.budget_period)
+                    .map(|(amount, period)| ops::Budget { amount, period }),
+            ),
+            expires_at: clear_or(self.no_expiry, self.expires),
+            disabled: switch(self.disable, self.enable),
+            manage: switch(self.manage, self.no_manage),
+            priority: self.priority,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -118,14 +225,25 @@ enum KeyCmd {
     Create {
         #[arg(long)]
         tenant: String,
-        #[arg(long, default_value = "")]
-        label: String,
-        /// Requests per minute for this key (default: the configured limit).
+        #[command(flatten)]
+        flags: KeyFlags,
         #[arg(long)]
-        rpm: Option<u64>,
-        /// Tokens per minute for this key (default: the configured limit).
+        json: bool,
+    },
+    /// Change a key's settings (what is not given stays as it is).
+    Update {
+        id: String,
+        #[command(flatten)]
+        flags: KeyFlags,
         #[arg(long)]
-        tpm: Option<u64>,
+        json: bool,
+    },
+    /// A new secret with the same settings; the old one keeps working for --grace.
+    Rotate {
+        id: String,
+        /// How long the old secret keeps working: 24h, 90m, 7d (default: it stops now).
+        #[arg(long)]
+        grace: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -197,6 +315,35 @@ where
     emit(result.map(|o| if json { o.into_json() } else { o }))
 }
 
+/// `quipu key …`.
+fn run_key(config: &Config, cmd: KeyCmd) -> ExitCode {
+    let catalog_config = config.clone();
+    match cmd {
+        KeyCmd::Create {
+            tenant,
+            flags,
+            json,
+        } => run_op(config, json, move |s| async move {
+            let catalog = Catalog::of(&catalog_config);
+            ops::create_key(s.as_ref(), &catalog, &tenant, &flags.change()).await
+        }),
+        KeyCmd::Update { id, flags, json } => run_op(config, json, move |s| async move {
+            let catalog = Catalog::of(&catalog_config);
+            ops::update_key(s.as_ref(), &catalog, &id, &flags.change()).await
+        }),
+        KeyCmd::Rotate { id, grace, json } => run_op(config, json, move |s| async move {
+            let grace = grace.as_deref().map(ops::parse_grace).transpose()?;
+            ops::rotate_key(s.as_ref(), &id, grace.unwrap_or(0)).await
+        }),
+        KeyCmd::Revoke { id, json } => run_op(config, json, move |s| async move {
+            ops::revoke_key(s.as_ref(), &id).await
+        }),
+        KeyCmd::List { tenant, json } => run_op(config, json, move |s| async move {
+            ops::list_keys(s.as_ref(), tenant.as_deref()).await
+        }),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     quipu::logger::init();
@@ -251,25 +398,28 @@ fn run(cli: Cli) -> ExitCode {
         Command::Tenant(TenantCmd::List { json }) => run_op(&config, json, move |s| async move {
             ops::list_tenants(s.as_ref()).await
         }),
-        Command::Key(KeyCmd::Create {
-            tenant,
-            label,
-            rpm,
-            tpm,
+        Command::Key(cmd) => run_key(&config, cmd),
+        Command::Tenant(TenantCmd::Update {
+            name,
+            weight,
+            monthly_cap,
+            no_monthly_cap,
+            time_zone,
+            low_balance,
+            no_low_balance,
             json,
-        }) => run_op(&config, json, move |s| async move {
-            let limits = KeyLimits {
-                requests_per_minute: rpm,
-                tokens_per_minute: tpm,
+        }) => {
+            let change = ops::TenantChange {
+                weight,
+                monthly_cap: clear_or(no_monthly_cap, monthly_cap),
+                time_zone,
+                low_balance: clear_or(no_low_balance, low_balance),
             };
-            ops::create_key(s.as_ref(), &tenant, &label, limits).await
-        }),
-        Command::Key(KeyCmd::Revoke { id, json }) => run_op(&config, json, move |s| async move {
-            ops::revoke_key(s.as_ref(), &id).await
-        }),
-        Command::Key(KeyCmd::List { tenant, json }) => run_op(&config, json, move |s| async move {
-            ops::list_keys(s.as_ref(), tenant.as_deref()).await
-        }),
+            run_op(&config, json, move |s| async move {
+                ops::update_tenant(s.as_ref(), &name, &change).await
+            })
+        }
+
         Command::Topup {
             tenant,
             amount,

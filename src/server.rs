@@ -146,7 +146,7 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
             )
         })?;
     warn_about_spill_files(&config.store.spill_dir);
-    let keys = Arc::new(KeySnapshot::new(config.models.len()));
+    let keys = Arc::new(KeySnapshot::for_config(&config));
     billing_rt
         .block_on(keys.refresh(store.as_ref()))
         .map_err(|e| format!("cannot load API keys: {e}"))?;

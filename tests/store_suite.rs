@@ -444,6 +444,7 @@ async fn keys_store_only_hashes_and_move_the_version(fx: &Fixture) {
             secret_hash: hash,
             secret_prefix: prefix.clone(),
             limits,
+            rules: Default::default(),
         })
         .await
         .unwrap();
@@ -483,6 +484,7 @@ async fn keys_store_only_hashes_and_move_the_version(fx: &Fixture) {
                 secret_hash: khash,
                 secret_prefix: prefix2.clone(),
                 limits: KeyLimits::default(),
+                rules: Default::default(),
             })
             .await;
         assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
@@ -496,6 +498,7 @@ async fn keys_store_only_hashes_and_move_the_version(fx: &Fixture) {
             secret_hash: hash2,
             secret_prefix: prefix2.clone(),
             limits: KeyLimits::default(),
+            rules: Default::default(),
         })
         .await;
     assert!(matches!(r, Err(StoreError::NotFound(_))), "{r:?}");
@@ -508,6 +511,7 @@ async fn keys_store_only_hashes_and_move_the_version(fx: &Fixture) {
             secret_hash: hash2,
             secret_prefix: prefix2,
             limits: KeyLimits::default(),
+            rules: Default::default(),
         })
         .await
         .unwrap();
@@ -1279,6 +1283,34 @@ impl Store for Rigged {
 impl store::TenantStore for Rigged {
     async fn create_tenant(&self, name: &str) -> store::StoreResult<store::Tenant> {
         self.inner.create_tenant(name).await
+    }
+    async fn tenant_rules(&self, tenant: TenantId) -> store::StoreResult<store::TenantRules> {
+        self.inner.tenant_rules(tenant).await
+    }
+    async fn set_tenant_rules(
+        &self,
+        tenant: TenantId,
+        rules: &store::TenantRules,
+    ) -> store::StoreResult<()> {
+        self.inner.set_tenant_rules(tenant, rules).await
+    }
+    async fn key(&self, key_id: &str) -> store::StoreResult<Option<store::KeyInfo>> {
+        self.inner.key(key_id).await
+    }
+    async fn set_key(
+        &self,
+        key_id: &str,
+        settings: &store::KeySettings,
+    ) -> store::StoreResult<store::KeyInfo> {
+        self.inner.set_key(key_id, settings).await
+    }
+    async fn rotate_key(
+        &self,
+        old_id: &str,
+        new: NewKey,
+        old_expires_at: i64,
+    ) -> store::StoreResult<store::KeyInfo> {
+        self.inner.rotate_key(old_id, new, old_expires_at).await
     }
     async fn tenant_by_name(&self, name: &str) -> store::StoreResult<Option<store::Tenant>> {
         self.inner.tenant_by_name(name).await

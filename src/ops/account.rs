@@ -686,17 +686,13 @@ mod tests {
         top_up(&*s, "acme", "20.00", "second", min(), None)
             .await
             .unwrap();
-        let k = create_key(
-            &*s,
-            "acme",
-            "ci",
-            KeyLimits {
-                requests_per_minute: Some(60),
-                tokens_per_minute: None,
-            },
-        )
-        .await
-        .unwrap();
+        let catalog = crate::governance::models::Catalog::new(vec!["apu"], Vec::new());
+        let change = crate::ops::KeyChange {
+            label: Some("ci".into()),
+            rpm: Some(Some(60)),
+            ..Default::default()
+        };
+        let k = create_key(&*s, &catalog, "acme", &change).await.unwrap();
         let mut r1 = ledger_row("r1", t, "apu", 2_000_000_000_000);
         r1.key_id = k.key_id.clone();
         let mut r2 = ledger_row("r2", t, "apu", 500_000_000_000);

@@ -17,7 +17,8 @@
 //! | file | operations |
 //! |---|---|
 //! | `tenants.rs` | [`create_tenant`], [`list_tenants`], [`validate_tenant_name`] |
-//! | `keys.rs` | [`create_key`], [`revoke_key`], [`list_keys`] |
+//! | `keys.rs` | [`create_key`], [`update_key`], [`rotate_key`], [`revoke_key`], [`list_keys`] |
+//! | `key_rules.rs` | [`KeyChange`]: a key's settings as written, checked and applied; their views |
 //! | `topup.rs` | [`top_up`], [`parse_top_up`] |
 //! | `statement.rs` | [`statement`], [`parse_bound`] |
 //! | `import.rs` | [`import_ledger`] (`quipu ledger import`) |
@@ -29,6 +30,7 @@
 
 pub mod account;
 mod import;
+mod key_rules;
 mod keys;
 mod statement;
 mod tenants;
@@ -38,12 +40,15 @@ mod topup;
 pub use import::{
     import_ledger, ImportRejected, ImportTotals, ImportedFile, LedgerImport, TenantCharged,
 };
+pub use key_rules::{check_label, Budget, BudgetView, KeyChange, RulesView};
 pub use keys::{
-    create_key, list_keys, revoke_key, KeyCreated, KeyLine, KeyList, KeyRevoked, LimitsView,
+    active_key, create_key, key_line, list_keys, parse_grace, revoke_key, rotate_key, settings_of,
+    update_key, KeyCreated, KeyLine, KeyList, KeyRevoked, LimitsView, Replaced, MAX_GRACE_MS,
 };
 pub use statement::{parse_bound, statement, ModelLine, StatementReport, TopUpLine, Totals};
 pub use tenants::{
-    create_tenant, list_tenants, validate_tenant_name, TenantCreated, TenantLine, TenantList,
+    create_tenant, list_tenants, update_tenant, validate_tenant_name, TenantChange, TenantCreated,
+    TenantLine, TenantList, TenantRulesView,
 };
 pub use topup::{parse_top_up, top_up, TopUpDone};
 

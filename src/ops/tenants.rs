@@ -1,9 +1,11 @@
-//! `quipu tenant create|list` and `POST|GET /admin/tenants`: tenant names, creation, the
-//! listing with balances, and the name → id lookup every other group starts from.
+//! `quipu tenant create|list|update` and `/admin/tenants`: tenant names, creation, the
+//! listing with balances, what governs a tenant (weight, monthly cap, time zone, low-balance
+//! alert), and the name → id lookup every other group starts from.
 
 use super::text::{human_time_text, rfc3339, soles_text, Table};
 use super::{OpsError, OpsResult, Render, MAX_TENANT_NAME};
-use crate::store::{StoreError, TenantId, TenantStore};
+use crate::money::{Pen, AMOUNT_DECIMALS};
+use crate::store::{StoreError, TenantId, TenantRules, TenantStore, Zone};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -116,6 +118,116 @@ pub async fn list_tenants(store: &(impl TenantStore + ?Sized)) -> OpsResult<Tena
         })
         .collect();
     Ok(TenantList { tenants })
+}
+
+/// What governs a tenant, to change (absent keeps a field; `null` clears a cap).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantChange {
+    /// Its share of a saturated model, 1 to 1000.
+    pub weight: Option<u32>,
+    #[serde(default, deserialize_with = "present")]
+    pub monthly_cap: Option<Option<String>>,
+    /// An IANA time zone (`America/Lima`).
+    pub time_zone: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub low_balance: Option<Option<String>>,
+}
+
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    <Option<T> as serde::Deserialize>::deserialize(d).map(Some)
+}
+
+/// A tenant's rules as JSON shows them.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TenantRulesView {
+    pub tenant: String,
+    pub weight: u32,
+    /// Exact soles; `null`: no monthly cap.
+    pub monthly_cap: Option<String>,
+    pub time_zone: &'static str,
+    /// Exact soles; `null`: no low-balance alert.
+    pub low_balance: Option<String>,
+}
+
+impl TenantRulesView {
+    pub fn of(tenant: &str, r: &TenantRules) -> TenantRulesView {
+        TenantRulesView {
+            tenant: tenant.to_owned(),
+            weight: r.weight,
+            monthly_cap: r.monthly_cap.map(Pen::to_decimal),
+            time_zone: r.zone.name(),
+            low_balance: r.low_balance.map(Pen::to_decimal),
+        }
+    }
+}
+
+impl Render for TenantRulesView {
+    fn text(&self) -> String {
+        format!(
+            "Tenant {}: weight {}, monthly cap {}, time zone {}, low-balance alert {}.\n",
+            self.tenant,
+            self.weight,
+            self.monthly_cap
+                .as_deref()
+                .map_or("none".to_owned(), |c| format!("S/ {c}")),
+            self.time_zone,
+            self.low_balance
+                .as_deref()
+                .map_or("off".to_owned(), |c| format!("below S/ {c}")),
+        )
+    }
+}
+
+fn amount(field: &str, text: &str) -> OpsResult<Pen> {
+    let p = Pen::parse(text, AMOUNT_DECIMALS).map_err(|e| {
+        OpsError::Invalid(format!(
+            "{field} must be an amount in soles like 100.00: {e}"
+        ))
+    })?;
+    if p <= Pen::ZERO {
+        return Err(OpsError::Invalid(format!("{field} must be more than 0")));
+    }
+    Ok(p)
+}
+
+/// Changes what governs the tenant named `name`.
+pub async fn update_tenant(
+    store: &(impl TenantStore + ?Sized),
+    name: &str,
+    change: &TenantChange,
+) -> OpsResult<TenantRulesView> {
+    let tenant = tenant_id(store, name).await?;
+    let mut rules = store.tenant_rules(tenant).await?;
+    if let Some(w) = change.weight {
+        if !(1..=1000).contains(&w) {
+            return Err(OpsError::Invalid(format!(
+                "weight must be from 1 to 1000, not {w}"
+            )));
+        }
+        rules.weight = w;
+    }
+    if let Some(cap) = &change.monthly_cap {
+        rules.monthly_cap = cap
+            .as_deref()
+            .map(|c| amount("monthly_cap", c))
+            .transpose()?;
+    }
+    if let Some(zone) = &change.time_zone {
+        rules.zone = Zone::parse(zone).map_err(|e| OpsError::Invalid(e.to_string()))?;
+    }
+    if let Some(low) = &change.low_balance {
+        rules.low_balance = low
+            .as_deref()
+            .map(|c| amount("low_balance", c))
+            .transpose()?;
+    }
+    store.set_tenant_rules(tenant, &rules).await?;
+    Ok(TenantRulesView::of(name, &rules))
 }
 
 /// The id of the tenant named `name`, or the error that tells the operator how to find it.

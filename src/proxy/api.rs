@@ -132,8 +132,13 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             super::internal_error(),
         ));
     };
-    rate_limit(gw, &caller).await?;
     let model = &gw.config.models[req.model];
+    if let Some(allowed) = &caller.principal.models {
+        allowed.check(&req.client_model, &model.slug).map_err(|e| {
+            Failure::refused(ApiError::new(ErrorKind::PermissionDenied, e.to_string()))
+        })?;
+    }
+    rate_limit(gw, &caller).await?;
     let quote = policy::quote(req.prompt_size(), model.context_window, &model.prices);
     let p = &caller.principal;
     match gw.accounts.reserve(p.tenant_id, quote.worst).await {

@@ -45,6 +45,8 @@ async fn a_request_that_never_reaches_finish_is_billed_once_from_drop() {
             tenant_id: t,
             tenant_name: "acme".into(),
             limits: KeyLimits::default(),
+            rules: Default::default(),
+            tenant_rules: Default::default(),
         }],
     );
     let caller = keys.lookup("sk-qp-test").unwrap();

@@ -99,6 +99,8 @@ pub use usage::UsageStore;
 use crate::config::redact_url;
 use crate::money::Pen;
 use async_trait::async_trait;
+pub use quipu_core::governance::caps::Cap;
+pub use quipu_core::governance::periods::{CapPeriod, Zone};
 use std::fmt;
 use std::sync::Arc;
 
@@ -131,6 +133,47 @@ pub struct KeyLimits {
     pub tokens_per_minute: Option<u64>,
 }
 
+/// What governs a key beyond its rate limits (the policy is `quipu_core::governance`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyRules {
+    /// The models it may use, as written (`colibri, claude-*`); `None`: every model.
+    pub models: Option<String>,
+    /// Its spend cap per period.
+    pub cap: Option<Cap>,
+    /// It stops working at this time.
+    pub expires_at: Option<UnixMs>,
+    /// Switched off (it can be switched back on, unlike a revocation).
+    pub disabled: bool,
+    /// It may manage its tenant's keys (`/v1/keys`).
+    pub manage: bool,
+    /// Its requests run only on capacity interactive traffic leaves free (see `schedule`).
+    pub batch: bool,
+}
+
+/// What governs a tenant's money and share of a saturated model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantRules {
+    /// Its share of a saturated model (1 to 1000).
+    pub weight: u32,
+    /// Its spend cap per calendar month (in its time zone).
+    pub monthly_cap: Option<Pen>,
+    /// Bounds its cap periods and its account's days.
+    pub zone: Zone,
+    /// Its `balance.low` alert fires when the balance falls below this.
+    pub low_balance: Option<Pen>,
+}
+
+impl Default for TenantRules {
+    fn default() -> Self {
+        TenantRules {
+            weight: 1,
+            monthly_cap: None,
+            zone: Zone::default(),
+            low_balance: None,
+        }
+    }
+}
+
 /// A key to insert. The secret itself never reaches the store: only its SHA-256.
 #[derive(Debug, Clone)]
 pub struct NewKey {
@@ -142,6 +185,7 @@ pub struct NewKey {
     /// The first characters of the secret (e.g. `sk-qp-AbC1`), to recognise a key in listings.
     pub secret_prefix: String,
     pub limits: KeyLimits,
+    pub rules: KeyRules,
 }
 
 /// A key as listed to an operator.
@@ -155,6 +199,17 @@ pub struct KeyInfo {
     pub created_at: UnixMs,
     pub revoked_at: Option<UnixMs>,
     pub limits: KeyLimits,
+    pub rules: KeyRules,
+    /// The key that replaced it (`quipu key rotate`).
+    pub rotated_to: Option<String>,
+}
+
+/// What an operator or a managing key changes of a key: every field as it is to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySettings {
+    pub label: String,
+    pub limits: KeyLimits,
+    pub rules: KeyRules,
 }
 
 /// A usable key, as the gateway's in-memory snapshot holds it.
@@ -165,6 +220,8 @@ pub struct ActiveKey {
     pub tenant_id: TenantId,
     pub tenant_name: String,
     pub limits: KeyLimits,
+    pub rules: KeyRules,
+    pub tenant_rules: TenantRules,
 }
 
 /// One request's ledger entry. `request_id` is the idempotency key: recording the same id twice
@@ -491,11 +548,29 @@ pub trait TenantStore: Send + Sync {
     async fn create_tenant(&self, name: &str) -> StoreResult<Tenant>;
     async fn tenant_by_name(&self, name: &str) -> StoreResult<Option<Tenant>>;
     async fn list_tenants(&self) -> StoreResult<Vec<TenantSummary>>;
+    /// What governs the tenant (`NotFound` for an unknown one).
+    async fn tenant_rules(&self, tenant: TenantId) -> StoreResult<TenantRules>;
+    /// Sets what governs the tenant. Bumps the keys version (the key snapshot carries it).
+    async fn set_tenant_rules(&self, tenant: TenantId, rules: &TenantRules) -> StoreResult<()>;
 
     async fn create_key(&self, key: NewKey) -> StoreResult<KeyInfo>;
     /// Revokes a key; `Ok(false)` if it was already revoked. Bumps the keys version.
     async fn revoke_key(&self, key_id: &str) -> StoreResult<bool>;
     async fn list_keys(&self, tenant: Option<TenantId>) -> StoreResult<Vec<KeyInfo>>;
+    /// One key, revoked or not.
+    async fn key(&self, key_id: &str) -> StoreResult<Option<KeyInfo>>;
+    /// Sets a key's label, limits and rules (`NotFound` for an unknown or revoked key). Bumps
+    /// the keys version.
+    async fn set_key(&self, key_id: &str, settings: &KeySettings) -> StoreResult<KeyInfo>;
+    /// Inserts `new` (the same settings as `old_id`, a new secret) and has `old_id` expire at
+    /// `old_expires_at` (or earlier, if it expired sooner), in one transaction. Bumps the keys
+    /// version.
+    async fn rotate_key(
+        &self,
+        old_id: &str,
+        new: NewKey,
+        old_expires_at: UnixMs,
+    ) -> StoreResult<KeyInfo>;
     /// A number that changes whenever a key or tenant is created or revoked (by any replica).
     async fn keys_version(&self) -> StoreResult<i64>;
     /// Every unrevoked key, with the keys version it corresponds to.

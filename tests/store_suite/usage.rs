@@ -177,6 +177,7 @@ pub async fn keys_requests_and_top_ups_are_paged_per_tenant(fx: &Fixture) {
                 secret_hash: hash,
                 secret_prefix: prefix,
                 limits: Default::default(),
+                rules: Default::default(),
             })
             .await
             .unwrap();

@@ -17,6 +17,8 @@
 //! | `InsufficientBalance` | 402 | `billing_error` | `insufficient_quota` / `insufficient_quota` |
 //! | `RateLimited` | 429 | `rate_limit_error` | `rate_limit_error` / `rate_limit_exceeded` |
 //! | `QueueFull` | 429 | `rate_limit_error` | `rate_limit_error` / `queue_full` |
+//! | `PermissionDenied` | 403 | `permission_error` | `permission_error` / `model_not_allowed` |
+//! | `BudgetExceeded` | 429 (a period's cap) / 402 (a `total` cap) | `rate_limit_error` / `billing_error` | `insufficient_quota` / `budget_exceeded` |
 //! | `RequestTooLarge` | 413 | `request_too_large` | `invalid_request_error` / `request_too_large` |
 //! | `HeadersTooLarge` | 431 | `invalid_request_error` | `invalid_request_error` / `request_header_fields_too_large` |
 //! | `Overloaded` | 529 / 503 (messages / others) | `overloaded_error` | `server_error` / `upstream_unavailable` |
@@ -96,6 +98,11 @@ pub enum ErrorKind {
     /// The tenant's own queue for a saturated model is full, or its request waited there
     /// longer than `queue_timeout` (see `schedule`).
     QueueFull { retry_after: u64 },
+    /// The key may not use this model (its model list).
+    PermissionDenied,
+    /// A spend cap the request would pass: until the period ends (`retry_after`, 429), or for
+    /// good (`None`: a `total` cap, 402).
+    BudgetExceeded { retry_after: Option<u64> },
     /// The request body is over the configured limit.
     RequestTooLarge,
     /// The request head (request line and headers) is over the configured limit.
@@ -125,6 +132,11 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::InsufficientBalance => 402,
             ErrorKind::RateLimited { .. } | ErrorKind::QueueFull { .. } => 429,
+            ErrorKind::PermissionDenied => 403,
+            ErrorKind::BudgetExceeded { retry_after } => match retry_after {
+                Some(_) => 429,
+                None => 402,
+            },
             ErrorKind::RequestTooLarge => 413,
             ErrorKind::HeadersTooLarge => 431,
             ErrorKind::Overloaded { .. } => match format {
@@ -150,6 +162,11 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::InsufficientBalance => "billing_error",
             ErrorKind::RateLimited { .. } | ErrorKind::QueueFull { .. } => "rate_limit_error",
+            ErrorKind::PermissionDenied => "permission_error",
+            ErrorKind::BudgetExceeded { retry_after } => match retry_after {
+                Some(_) => "rate_limit_error",
+                None => "billing_error",
+            },
             ErrorKind::RequestTooLarge => "request_too_large",
             ErrorKind::HeadersTooLarge => "invalid_request_error",
             ErrorKind::Overloaded { .. } => "overloaded_error",
@@ -175,6 +192,8 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => ("insufficient_quota", Some("insufficient_quota")),
             ErrorKind::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             ErrorKind::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
+            ErrorKind::PermissionDenied => ("permission_error", Some("model_not_allowed")),
+            ErrorKind::BudgetExceeded { .. } => ("insufficient_quota", Some("budget_exceeded")),
             ErrorKind::RequestTooLarge => ("invalid_request_error", Some("request_too_large")),
             ErrorKind::HeadersTooLarge => (
                 "invalid_request_error",
@@ -194,6 +213,7 @@ impl ErrorKind {
             ErrorKind::RateLimited { retry_after }
             | ErrorKind::QueueFull { retry_after }
             | ErrorKind::Overloaded { retry_after } => Some(*retry_after),
+            ErrorKind::BudgetExceeded { retry_after } => *retry_after,
             _ => None,
         }
     }
@@ -218,6 +238,8 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => "insufficient_balance",
             ErrorKind::RateLimited { .. } => "rate_limited",
             ErrorKind::QueueFull { .. } => "queue_full",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::BudgetExceeded { .. } => "budget_exceeded",
             ErrorKind::RequestTooLarge => "request_too_large",
             ErrorKind::HeadersTooLarge => "headers_too_large",
             ErrorKind::Overloaded { .. } => "overloaded",

@@ -10,10 +10,10 @@ use super::{execute, query, query_opt, snapshot, PgErr, PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::rows::{conflict_if_unique, limits_to_sql, tenant_missing, Taken};
 use crate::store::sql::tenants::{self as q, KEYS_VERSION};
-use crate::store::sql::SqlValue::{Int, OptInt, Text};
+use crate::store::sql::SqlValue::{Int, OptInt, OptText, Text};
 use crate::store::{
-    now_ms, ActiveKey, KeyInfo, NewKey, StoreError, StoreResult, Tenant, TenantId, TenantStore,
-    TenantSummary,
+    now_ms, ActiveKey, KeyInfo, KeySettings, NewKey, StoreError, StoreResult, Tenant, TenantId,
+    TenantRules, TenantStore, TenantSummary, UnixMs,
 };
 use async_trait::async_trait;
 use tokio_postgres::{Client, GenericClient, SimpleQueryMessage};
@@ -55,18 +55,17 @@ async fn list_tenants(client: &mut Client) -> PgResult<Vec<TenantSummary>> {
     Ok(out)
 }
 
-async fn create_key(client: &mut Client, key: &NewKey) -> PgResult<KeyInfo> {
+/// Inserts `key` in `tx` (the caller bumps the keys version and commits).
+async fn insert_key(tx: &impl GenericClient, key: &NewKey) -> PgResult<KeyInfo> {
     let now = now_ms();
     let limits = limits_to_sql(key.limits)?;
-    let tx = client.transaction().await?;
-    let tenant_name = query_opt(&tx, &q::TENANT_NAME, &[Int(key.tenant)], |c| c.text())
+    let rules = q::RuleColumns::of(&key.rules);
+    let tenant_name = query_opt(tx, &q::TENANT_NAME, &[Int(key.tenant)], |c| c.text())
         .await?
         .ok_or_else(|| tenant_missing(key.tenant))?;
-    execute(&tx, &q::INSERT_KEY, &q::key_values(key, now, limits))
+    execute(tx, &q::INSERT_KEY, &q::key_values(key, now, limits, &rules))
         .await
         .map_err(conflict_if_unique(Taken::Key(&key.id)))?;
-    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
-    tx.commit().await?;
     Ok(KeyInfo {
         id: key.id.clone(),
         tenant_id: key.tenant,
@@ -76,7 +75,81 @@ async fn create_key(client: &mut Client, key: &NewKey) -> PgResult<KeyInfo> {
         created_at: now,
         revoked_at: None,
         limits: key.limits,
+        rules: key.rules.clone(),
+        rotated_to: None,
     })
+}
+
+async fn create_key(client: &mut Client, key: &NewKey) -> PgResult<KeyInfo> {
+    let tx = client.transaction().await?;
+    let info = insert_key(&tx, key).await?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
+    tx.commit().await?;
+    Ok(info)
+}
+
+async fn set_key(client: &mut Client, key_id: &str, settings: &KeySettings) -> PgResult<KeyInfo> {
+    let limits = limits_to_sql(settings.limits)?;
+    let rules = q::RuleColumns::of(&settings.rules);
+    let tx = client.transaction().await?;
+    let values = q::set_key_values(key_id, &settings.label, limits, &rules);
+    if execute(&tx, &q::SET_KEY, &values).await? == 0 {
+        return Err(
+            StoreError::NotFound(format!("key {key_id} does not exist or is revoked")).into(),
+        );
+    }
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
+    let info = query_opt(&tx, &q::KEY, &[Text(key_id)], q::key_info)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("key {key_id} does not exist")))?;
+    tx.commit().await?;
+    Ok(info)
+}
+
+async fn rotate_key(
+    client: &mut Client,
+    old_id: &str,
+    new: &NewKey,
+    old_expires_at: UnixMs,
+) -> PgResult<KeyInfo> {
+    let tx = client.transaction().await?;
+    let rotated = execute(
+        &tx,
+        &q::ROTATE_KEY,
+        &[Text(old_id), Text(&new.id), Int(old_expires_at)],
+    )
+    .await?;
+    if rotated == 0 {
+        return Err(
+            StoreError::NotFound(format!("key {old_id} does not exist or is revoked")).into(),
+        );
+    }
+    let info = insert_key(&tx, new).await?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
+    tx.commit().await?;
+    Ok(info)
+}
+
+async fn set_tenant_rules(
+    client: &mut Client,
+    tenant: TenantId,
+    rules: &TenantRules,
+) -> PgResult<()> {
+    let (weight, cap, zone, low) = q::tenant_rule_texts(rules);
+    let tx = client.transaction().await?;
+    let values = [
+        Int(tenant),
+        Int(weight),
+        OptText(cap.as_deref()),
+        Text(zone),
+        OptText(low.as_deref()),
+    ];
+    if execute(&tx, &q::SET_TENANT_RULES, &values).await? == 0 {
+        return Err(tenant_missing(tenant).into());
+    }
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[]).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 async fn revoke_key(client: &mut Client, key_id: &str) -> PgResult<bool> {
@@ -129,6 +202,35 @@ async fn active_keys(client: &mut Client) -> PgResult<(i64, Vec<ActiveKey>)> {
 
 #[async_trait]
 impl TenantStore for PgStore {
+    async fn tenant_rules(&self, tenant: TenantId) -> StoreResult<TenantRules> {
+        with_retry!(self, c => async {
+            query_opt(&*c, &q::TENANT_RULES, &[Int(tenant)], q::tenant_rules)
+                .await?
+                .ok_or_else(|| tenant_missing(tenant).into())
+        })
+    }
+
+    async fn set_tenant_rules(&self, tenant: TenantId, rules: &TenantRules) -> StoreResult<()> {
+        with_retry!(self, c => set_tenant_rules(c, tenant, rules))
+    }
+
+    async fn key(&self, key_id: &str) -> StoreResult<Option<KeyInfo>> {
+        with_retry!(self, c => query_opt(&*c, &q::KEY, &[Text(key_id)], q::key_info))
+    }
+
+    async fn set_key(&self, key_id: &str, settings: &KeySettings) -> StoreResult<KeyInfo> {
+        with_retry!(self, c => set_key(c, key_id, settings))
+    }
+
+    async fn rotate_key(
+        &self,
+        old_id: &str,
+        new: NewKey,
+        old_expires_at: UnixMs,
+    ) -> StoreResult<KeyInfo> {
+        with_retry!(self, c => rotate_key(c, old_id, &new, old_expires_at))
+    }
+
     async fn create_tenant(&self, name: &str) -> StoreResult<Tenant> {
         with_retry!(self, c => create_tenant(c, name))
     }

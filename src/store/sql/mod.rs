@@ -170,6 +170,7 @@ pub enum SqlValue<'a> {
     Int(i64),
     OptInt(Option<i64>),
     Text(&'a str),
+    OptText(Option<&'a str>),
     Blob(&'a [u8]),
 }
 
@@ -179,7 +180,7 @@ impl SqlValue<'_> {
         use tokio_postgres::types::Type;
         match self {
             SqlValue::Int(_) | SqlValue::OptInt(_) => Type::INT8,
-            SqlValue::Text(_) => Type::TEXT,
+            SqlValue::Text(_) | SqlValue::OptText(_) => Type::TEXT,
             SqlValue::Blob(_) => Type::BYTEA,
         }
     }
@@ -204,7 +205,8 @@ impl rusqlite::ToSql for SqlValue<'_> {
         Ok(ToSqlOutput::Borrowed(match *self {
             SqlValue::Int(v) | SqlValue::OptInt(Some(v)) => ValueRef::Integer(v),
             SqlValue::OptInt(None) => ValueRef::Null,
-            SqlValue::Text(t) => ValueRef::Text(t.as_bytes()),
+            SqlValue::Text(t) | SqlValue::OptText(Some(t)) => ValueRef::Text(t.as_bytes()),
+            SqlValue::OptText(None) => ValueRef::Null,
             SqlValue::Blob(b) => ValueRef::Blob(b),
         }))
     }
@@ -220,6 +222,7 @@ impl tokio_postgres::types::ToSql for SqlValue<'_> {
             SqlValue::Int(v) => v.to_sql(ty, out),
             SqlValue::OptInt(v) => v.to_sql(ty, out),
             SqlValue::Text(t) => t.to_sql(ty, out),
+            SqlValue::OptText(t) => t.to_sql(ty, out),
             SqlValue::Blob(b) => b.to_sql(ty, out),
         }
     }

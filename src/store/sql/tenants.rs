@@ -3,9 +3,10 @@
 use super::{Cols, Sql, SqlValue};
 use crate::money::Pen;
 use crate::store::rows::{limits_from_sql, secret_hash};
-use crate::store::sql_money::i64_to_u64;
+use crate::store::sql_money::{i64_to_u64, pen_from_text, pen_to_text};
 use crate::store::{
-    ActiveKey, KeyInfo, NewKey, StoreResult, Tenant, TenantId, TenantSummary, UnixMs,
+    ActiveKey, Cap, CapPeriod, KeyInfo, KeyRules, NewKey, StoreError, StoreResult, Tenant,
+    TenantId, TenantRules, TenantSummary, UnixMs, Zone,
 };
 use std::collections::HashMap;
 
@@ -85,17 +86,56 @@ pub static TENANT_NAME: Sql = Sql::text("SELECT name FROM tenants WHERE id = $1"
 /// A new key ([`key_values`]).
 pub static INSERT_KEY: Sql = Sql::text(
     "INSERT INTO api_keys (id, tenant_id, label, secret_sha256, secret_prefix, created_at,
-                           revoked_at, rpm_limit, tpm_limit)
-     VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8)",
+                           revoked_at, rpm_limit, tpm_limit, models, cap_amount, cap_period,
+                           expires_at, disabled, manage, priority)
+     VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
 );
 
-/// The values of [`INSERT_KEY`]: `key`, created at `now`, with its limits' columns.
-pub fn key_values(
-    key: &NewKey,
+/// A key's rules as their columns hold them (see the migration's docs).
+pub struct RuleColumns {
+    models: Option<String>,
+    cap_amount: Option<String>,
+    cap_period: Option<&'static str>,
+    expires_at: Option<i64>,
+    disabled: i64,
+    manage: i64,
+    priority: &'static str,
+}
+
+impl RuleColumns {
+    pub fn of(r: &KeyRules) -> RuleColumns {
+        RuleColumns {
+            models: r.models.clone(),
+            cap_amount: r.cap.map(|c| pen_to_text(c.amount)),
+            cap_period: r.cap.map(|c| c.period.as_str()),
+            expires_at: r.expires_at,
+            disabled: i64::from(r.disabled),
+            manage: i64::from(r.manage),
+            priority: if r.batch { "batch" } else { "interactive" },
+        }
+    }
+
+    fn values(&self) -> [SqlValue<'_>; 7] {
+        [
+            SqlValue::OptText(self.models.as_deref()),
+            SqlValue::OptText(self.cap_amount.as_deref()),
+            SqlValue::OptText(self.cap_period),
+            SqlValue::OptInt(self.expires_at),
+            SqlValue::Int(self.disabled),
+            SqlValue::Int(self.manage),
+            SqlValue::Text(self.priority),
+        ]
+    }
+}
+
+/// The values of [`INSERT_KEY`]: `key`, created at `now`, with its limits' and rules' columns.
+pub fn key_values<'k>(
+    key: &'k NewKey,
     now: UnixMs,
     (rpm, tpm): (Option<i64>, Option<i64>),
-) -> [SqlValue<'_>; 8] {
-    [
+    rules: &'k RuleColumns,
+) -> Vec<SqlValue<'k>> {
+    let mut v = vec![
         SqlValue::Text(&key.id),
         SqlValue::Int(key.tenant),
         SqlValue::Text(&key.label),
@@ -104,7 +144,111 @@ pub fn key_values(
         SqlValue::Int(now),
         SqlValue::OptInt(rpm),
         SqlValue::OptInt(tpm),
-    ]
+    ];
+    v.extend(rules.values());
+    v
+}
+
+/// Sets a key's settings: ($1 id, $2 label, $3 rpm, $4 tpm, then the rules' columns).
+pub static SET_KEY: Sql = Sql::text(
+    "UPDATE api_keys SET label = $2, rpm_limit = $3, tpm_limit = $4, models = $5,
+            cap_amount = $6, cap_period = $7, expires_at = $8, disabled = $9, manage = $10,
+            priority = $11
+      WHERE id = $1 AND revoked_at IS NULL",
+);
+
+/// The values of [`SET_KEY`].
+pub fn set_key_values<'k>(
+    id: &'k str,
+    label: &'k str,
+    (rpm, tpm): (Option<i64>, Option<i64>),
+    rules: &'k RuleColumns,
+) -> Vec<SqlValue<'k>> {
+    let mut v = vec![
+        SqlValue::Text(id),
+        SqlValue::Text(label),
+        SqlValue::OptInt(rpm),
+        SqlValue::OptInt(tpm),
+    ];
+    v.extend(rules.values());
+    v
+}
+
+/// A rotated key: ($1 id, $2 the key replacing it, $3 when it expires at the latest).
+pub static ROTATE_KEY: Sql = Sql::text(
+    "UPDATE api_keys SET rotated_to = $2,
+            expires_at = CASE WHEN expires_at IS NULL OR expires_at > $3 THEN $3 ELSE expires_at END
+      WHERE id = $1 AND revoked_at IS NULL",
+);
+
+/// The columns of a tenant's rules, from `tenants t`, as [`tenant_rules`] reads them.
+pub const TENANT_RULE_COLUMNS: &str = "t.weight, t.monthly_cap, t.time_zone, t.low_balance";
+
+pub static TENANT_RULES: Sql =
+    Sql::built(|_| format!("SELECT {TENANT_RULE_COLUMNS} FROM tenants t WHERE t.id = $1"));
+
+/// Sets a tenant's rules: ($1 id, $2 weight, $3 monthly cap, $4 zone, $5 low balance).
+pub static SET_TENANT_RULES: Sql = Sql::text(
+    "UPDATE tenants SET weight = $2, monthly_cap = $3, time_zone = $4, low_balance = $5
+      WHERE id = $1",
+);
+
+/// A key's rules from its columns (in [`KEY_RULE_COLUMNS`] order).
+fn key_rules(c: &mut Cols<'_>) -> StoreResult<KeyRules> {
+    let models = c.opt_text()?;
+    let amount = c.opt_text()?;
+    let period = c.opt_text()?;
+    let cap = match (amount, period) {
+        (Some(a), Some(p)) => {
+            let amount = pen_from_text(&a, "api_keys.cap_amount")?;
+            let period = CapPeriod::parse(&p)
+                .map_err(|e| StoreError::Backend(format!("api_keys.cap_period: {e}")))?;
+            Some(Cap { amount, period })
+        }
+        _ => None,
+    };
+    Ok(KeyRules {
+        models,
+        cap,
+        expires_at: c.opt_int()?,
+        disabled: c.int()? != 0,
+        manage: c.int()? != 0,
+        batch: c.text()? == "batch",
+    })
+}
+
+/// A tenant's rules from [`TENANT_RULE_COLUMNS`].
+pub fn tenant_rules(c: &mut Cols<'_>) -> StoreResult<TenantRules> {
+    let weight = c.int()?;
+    let monthly_cap = c
+        .opt_text()?
+        .map(|t| pen_from_text(&t, "tenants.monthly_cap"))
+        .transpose()?;
+    let zone_name = c.text()?;
+    let zone = Zone::parse(&zone_name)
+        .map_err(|e| StoreError::Backend(format!("tenants.time_zone: {e}")))?;
+    let low_balance = c
+        .opt_text()?
+        .map(|t| pen_from_text(&t, "tenants.low_balance"))
+        .transpose()?;
+    Ok(TenantRules {
+        weight: u32::try_from(weight).unwrap_or(1).max(1),
+        monthly_cap,
+        zone,
+        low_balance,
+    })
+}
+
+/// The values of [`SET_TENANT_RULES`] for `rules`, as owned texts.
+pub fn tenant_rule_texts(
+    rules: &TenantRules,
+) -> (i64, Option<String>, &'static str, Option<String>) {
+    (
+        i64::from(rules.weight),
+        rules.monthly_cap.map(pen_to_text),
+        rules.zone.name(),
+        rules.low_balance.map(pen_to_text),
+    )
 }
 
 /// A key's `revoked_at`, its row locked on PostgreSQL until the revocation commits.
@@ -117,9 +261,23 @@ pub static KEY_REVOKED_AT: Sql = Sql::built(|b| {
 
 pub static REVOKE_KEY: Sql = Sql::text("UPDATE api_keys SET revoked_at = $2 WHERE id = $1");
 
+/// A key's rule columns, in the order [`key_rules`] reads them.
+pub const KEY_RULE_COLUMNS: &str = "k.models, k.cap_amount, k.cap_period, k.expires_at, \
+     k.disabled, k.manage, k.priority";
+
 /// The columns of a key as [`key_info`] reads them, from `api_keys k JOIN tenants t`.
 pub const KEY_INFO_COLUMNS: &str = "k.id, k.tenant_id, t.name, k.label, k.secret_prefix, \
-     k.created_at, k.revoked_at, k.rpm_limit, k.tpm_limit";
+     k.created_at, k.revoked_at, k.rpm_limit, k.tpm_limit, k.models, k.cap_amount, \
+     k.cap_period, k.expires_at, k.disabled, k.manage, k.priority, k.rotated_to";
+
+/// One key ([`key_info`]).
+pub static KEY: Sql = Sql::built(|_| {
+    format!(
+        "SELECT {KEY_INFO_COLUMNS}
+           FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+          WHERE k.id = $1"
+    )
+});
 
 /// The keys of tenant $1, or of all tenants when it is `NULL`, oldest first.
 pub static LIST_KEYS: Sql = Sql::built(|_| {
@@ -132,12 +290,15 @@ pub static LIST_KEYS: Sql = Sql::built(|_| {
 });
 
 /// Every unrevoked key ([`active_key`]).
-pub static ACTIVE_KEYS: Sql = Sql::text(
-    "SELECT k.secret_sha256, k.id, k.tenant_id, t.name, k.rpm_limit, k.tpm_limit
-       FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
-      WHERE k.revoked_at IS NULL
-      ORDER BY k.id",
-);
+pub static ACTIVE_KEYS: Sql = Sql::built(|_| {
+    format!(
+        "SELECT k.secret_sha256, k.id, k.tenant_id, t.name, k.rpm_limit, k.tpm_limit,
+                {KEY_RULE_COLUMNS}, {TENANT_RULE_COLUMNS}
+           FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+          WHERE k.revoked_at IS NULL
+          ORDER BY k.id"
+    )
+});
 
 pub fn key_info(c: &mut Cols<'_>) -> StoreResult<KeyInfo> {
     Ok(KeyInfo {
@@ -149,6 +310,8 @@ pub fn key_info(c: &mut Cols<'_>) -> StoreResult<KeyInfo> {
         created_at: c.int()?,
         revoked_at: c.opt_int()?,
         limits: limits_from_sql(c.opt_int()?, c.opt_int()?)?,
+        rules: key_rules(c)?,
+        rotated_to: c.opt_text()?,
     })
 }
 
@@ -159,5 +322,7 @@ pub fn active_key(c: &mut Cols<'_>) -> StoreResult<ActiveKey> {
         tenant_id: c.int()?,
         tenant_name: c.text()?,
         limits: limits_from_sql(c.opt_int()?, c.opt_int()?)?,
+        rules: key_rules(c)?,
+        tenant_rules: tenant_rules(c)?,
     })
 }

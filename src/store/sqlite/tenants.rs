@@ -8,11 +8,11 @@ use super::{execute, query, query_opt, read_tx, sql_err, write_tx, SqliteStore};
 use crate::money::Pen;
 use crate::store::rows::{conflict_if_unique, limits_to_sql, tenant_missing, Taken};
 use crate::store::sql::tenants::{self as q, KEYS_VERSION};
-use crate::store::sql::SqlValue::{Int, OptInt, Text};
+use crate::store::sql::SqlValue::{Int, OptInt, OptText, Text};
 use crate::store::sql_money::pen_to_text;
 use crate::store::{
-    now_ms, ActiveKey, KeyInfo, NewKey, StoreError, StoreResult, Tenant, TenantId, TenantStore,
-    TenantSummary,
+    now_ms, ActiveKey, KeyInfo, KeySettings, NewKey, StoreError, StoreResult, Tenant, TenantId,
+    TenantRules, TenantStore, TenantSummary, UnixMs,
 };
 use async_trait::async_trait;
 use rusqlite::{params, Connection, Transaction};
@@ -71,26 +71,113 @@ fn list_tenants(conn: &mut Connection) -> StoreResult<Vec<TenantSummary>> {
     })?)
 }
 
-fn create_key(conn: &mut Connection, key: NewKey) -> StoreResult<KeyInfo> {
+/// Inserts `key` in `tx` (the caller bumps the keys version and commits).
+fn insert_key(tx: &Transaction<'_>, key: &NewKey) -> StoreResult<KeyInfo> {
     let now = now_ms();
     let limits = limits_to_sql(key.limits)?;
-    let tx = write_tx(conn)?;
-    let tenant_name = query_opt(&tx, &q::TENANT_NAME, &[Int(key.tenant)], |c| c.text())?
+    let rules = q::RuleColumns::of(&key.rules);
+    let tenant_name = query_opt(tx, &q::TENANT_NAME, &[Int(key.tenant)], |c| c.text())?
         .ok_or_else(|| tenant_missing(key.tenant))?;
-    execute(&tx, &q::INSERT_KEY, &q::key_values(&key, now, limits))
+    execute(tx, &q::INSERT_KEY, &q::key_values(key, now, limits, &rules))
         .map_err(conflict_if_unique(Taken::Key(&key.id)))?;
-    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
-    tx.commit().map_err(sql_err)?;
     Ok(KeyInfo {
-        id: key.id,
+        id: key.id.clone(),
         tenant_id: key.tenant,
         tenant_name,
-        label: key.label,
-        secret_prefix: key.secret_prefix,
+        label: key.label.clone(),
+        secret_prefix: key.secret_prefix.clone(),
         created_at: now,
         revoked_at: None,
         limits: key.limits,
+        rules: key.rules.clone(),
+        rotated_to: None,
     })
+}
+
+fn create_key(conn: &mut Connection, key: NewKey) -> StoreResult<KeyInfo> {
+    let tx = write_tx(conn)?;
+    let info = insert_key(&tx, &key)?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
+    tx.commit().map_err(sql_err)?;
+    Ok(info)
+}
+
+fn one_key(conn: &Connection, key_id: &str) -> StoreResult<Option<KeyInfo>> {
+    Ok(query_opt(conn, &q::KEY, &[Text(key_id)], q::key_info)?)
+}
+
+fn set_key(conn: &mut Connection, key_id: &str, settings: &KeySettings) -> StoreResult<KeyInfo> {
+    let limits = limits_to_sql(settings.limits)?;
+    let rules = q::RuleColumns::of(&settings.rules);
+    let tx = write_tx(conn)?;
+    let n = execute(
+        &tx,
+        &q::SET_KEY,
+        &q::set_key_values(key_id, &settings.label, limits, &rules),
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!(
+            "key {key_id} does not exist or is revoked"
+        )));
+    }
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
+    let info = one_key(&tx, key_id)?
+        .ok_or_else(|| StoreError::NotFound(format!("key {key_id} does not exist")))?;
+    tx.commit().map_err(sql_err)?;
+    Ok(info)
+}
+
+fn rotate_key(
+    conn: &mut Connection,
+    old_id: &str,
+    new: NewKey,
+    old_expires_at: UnixMs,
+) -> StoreResult<KeyInfo> {
+    let tx = write_tx(conn)?;
+    let n = execute(
+        &tx,
+        &q::ROTATE_KEY,
+        &[Text(old_id), Text(&new.id), Int(old_expires_at)],
+    )?;
+    if n == 0 {
+        return Err(StoreError::NotFound(format!(
+            "key {old_id} does not exist or is revoked"
+        )));
+    }
+    let info = insert_key(&tx, &new)?;
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
+    tx.commit().map_err(sql_err)?;
+    Ok(info)
+}
+
+fn tenant_rules(conn: &Connection, tenant: TenantId) -> StoreResult<TenantRules> {
+    query_opt(conn, &q::TENANT_RULES, &[Int(tenant)], q::tenant_rules)?
+        .ok_or_else(|| tenant_missing(tenant))
+}
+
+fn set_tenant_rules(
+    conn: &mut Connection,
+    tenant: TenantId,
+    rules: &TenantRules,
+) -> StoreResult<()> {
+    let (weight, cap, zone, low) = q::tenant_rule_texts(rules);
+    let tx = write_tx(conn)?;
+    let n = execute(
+        &tx,
+        &q::SET_TENANT_RULES,
+        &[
+            Int(tenant),
+            Int(weight),
+            OptText(cap.as_deref()),
+            Text(zone),
+            OptText(low.as_deref()),
+        ],
+    )?;
+    if n == 0 {
+        return Err(tenant_missing(tenant));
+    }
+    execute(&tx, &q::BUMP_KEYS_VERSION, &[])?;
+    tx.commit().map_err(sql_err)
 }
 
 fn revoke_key(conn: &mut Connection, key_id: &str) -> StoreResult<bool> {
@@ -170,5 +257,37 @@ impl TenantStore for SqliteStore {
 
     async fn active_keys(&self) -> StoreResult<(i64, Vec<ActiveKey>)> {
         self.run(active_keys).await
+    }
+
+    async fn tenant_rules(&self, tenant: TenantId) -> StoreResult<TenantRules> {
+        self.run(move |conn| tenant_rules(conn, tenant)).await
+    }
+
+    async fn set_tenant_rules(&self, tenant: TenantId, rules: &TenantRules) -> StoreResult<()> {
+        let rules = rules.clone();
+        self.run(move |conn| set_tenant_rules(conn, tenant, &rules))
+            .await
+    }
+
+    async fn key(&self, key_id: &str) -> StoreResult<Option<KeyInfo>> {
+        let key_id = key_id.to_owned();
+        self.run(move |conn| one_key(conn, &key_id)).await
+    }
+
+    async fn set_key(&self, key_id: &str, settings: &KeySettings) -> StoreResult<KeyInfo> {
+        let (key_id, settings) = (key_id.to_owned(), settings.clone());
+        self.run(move |conn| set_key(conn, &key_id, &settings))
+            .await
+    }
+
+    async fn rotate_key(
+        &self,
+        old_id: &str,
+        new: NewKey,
+        old_expires_at: UnixMs,
+    ) -> StoreResult<KeyInfo> {
+        let old_id = old_id.to_owned();
+        self.run(move |conn| rotate_key(conn, &old_id, new, old_expires_at))
+            .await
     }
 }

@@ -56,6 +56,16 @@ impl<'a> Catalog<'a> {
         Catalog { slugs, aliases }
     }
 
+    /// The configured slugs, in catalog order.
+    pub fn slugs(&self) -> &[&'a str] {
+        &self.slugs
+    }
+
+    /// `(pattern, slug)` of every alias, in the order they are tried.
+    pub fn aliases(&self) -> &[(&'a str, &'a str)] {
+        &self.aliases
+    }
+
     /// The configuration's models and aliases.
     pub fn of(config: &'a Config) -> Catalog<'a> {
         let slugs: Vec<&str> = config.models.iter().map(|m| m.slug.as_str()).collect();
@@ -109,6 +119,11 @@ fn is_glob(entry: &str) -> bool {
 pub struct ModelList(Vec<String>);
 
 impl ModelList {
+    /// A list that allows nothing (what a stored list that no longer reads falls back to).
+    pub fn nothing() -> ModelList {
+        ModelList(Vec::new())
+    }
+
     /// Reads `colibri,aguila` or `colibri, aguila` (the CLI's `--models` and the stored
     /// form).
     pub fn parse(text: &str) -> Result<ModelList, ModelListError> {

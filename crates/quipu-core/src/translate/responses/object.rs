@@ -134,6 +134,8 @@ pub fn failure_code(kind: &ErrorKind) -> &'static str {
         | ErrorKind::RouteNotFound
         | ErrorKind::MethodNotAllowed
         | ErrorKind::InsufficientBalance
+        | ErrorKind::PermissionDenied
+        | ErrorKind::BudgetExceeded { .. }
         | ErrorKind::RequestTooLarge
         | ErrorKind::HeadersTooLarge
         | ErrorKind::Overloaded { .. }

@@ -9,8 +9,11 @@
 //! | GET | `/admin/tenants` | | list tenants and balances |
 //! | POST | `/admin/tenants` | `{"name"}` | create a tenant |
 //! | GET | `/admin/keys` | `?tenant=` | list keys |
-//! | POST | `/admin/keys` | `{"tenant","label"?,"rpm"?,"tpm"?}` | create a key (secret returned once) |
+//! | POST | `/admin/keys` | `{"tenant", …settings}` | create a key (secret returned once); the settings below |
+//! | PATCH | `/admin/keys/{id}` | settings | change a key's settings (absent: kept; `null`: cleared) |
+//! | POST | `/admin/keys/{id}/rotate` | `{"grace"?: "24h"}` | a new secret with the same settings; the old one works until the grace ends |
 //! | POST | `/admin/keys/{id}/revoke` | | revoke a key |
+//! | PATCH | `/admin/tenants/{name}` | `{"weight"?, "monthly_cap"?, "time_zone"?, "low_balance"?}` | what governs a tenant |
 //! | POST | `/admin/topups` | `{"tenant","amount","note"?,"idempotency_key"?}` | top up (amount as a decimal string; a repeated key adds nothing) |
 //! | GET | `/admin/statement` | `?tenant=&from=&to=` | a statement |
 //! | GET | `/admin/tenants/{name}/account` | `?utc_offset=` | the tenant's account, as its keys see it on `GET /v1/account` |
@@ -18,6 +21,11 @@
 //! | GET | `/admin/tenants/{name}/keys` | `?limit=&cursor=` | its keys with their spend, as `GET /v1/keys` |
 //! | GET | `/admin/tenants/{name}/requests` | `?limit=&cursor=` | its requests, newest first, as `GET /v1/requests` |
 //! | GET | `/admin/tenants/{name}/topups` | `?limit=&cursor=` | its top-ups, newest first, as `GET /v1/topups` |
+//!
+//! A key's settings (`ops::KeyChange`): `label`, `rpm`, `tpm`, `models` (slugs, alias names or
+//! globs), `budget` (`{"amount": "5.00", "period": "day"|"week"|"month"|"total"}`),
+//! `expires_at` (RFC 3339), `disabled`, `manage` (it may manage its tenant's keys on
+//! `/v1/keys`), `priority` (`interactive` or `batch`).
 //!
 //! The `/admin/tenants/{name}/…` routes answer exactly what the tenant's own keys get from the
 //! account routes (`ops::account`, one implementation): the operator sees what the tenant sees.
@@ -32,8 +40,10 @@ use crate::error::ApiError;
 use crate::keys::constant_time_eq;
 use crate::ops::account::{self as view, Local};
 use crate::ops::{self, OpsError, Output};
-use crate::store::{now_ms, KeyLimits, Store, TenantId};
+use crate::store::{now_ms, Store, TenantId};
 use async_trait::async_trait;
+
+mod keys;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde::Deserialize;
@@ -121,17 +131,6 @@ fn value<T: serde::Serialize>(r: Result<T, OpsError>) -> Result<serde_json::Valu
 #[derive(Deserialize)]
 struct NewTenant {
     name: String,
-}
-
-#[derive(Deserialize)]
-struct NewKey {
-    tenant: String,
-    #[serde(default)]
-    label: String,
-    #[serde(default)]
-    rpm: Option<u64>,
-    #[serde(default)]
-    tpm: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -230,27 +229,22 @@ impl ServeHttp for AdminApp {
                     false,
                 )
             }
-            ("POST", "/admin/keys") => match read_json::<NewKey>(session).await {
-                Ok(k) => {
-                    let limits = KeyLimits {
-                        requests_per_minute: k.rpm,
-                        tokens_per_minute: k.tpm,
-                    };
-                    result(
-                        ops::create_key(store, &k.tenant, &k.label, limits)
+            ("POST", "/admin/keys") => self.create_key(session).await,
+            (_, p) if p.starts_with("/admin/keys/") => {
+                let rest = p["/admin/keys/".len()..].to_owned();
+                self.key_route(method.as_str(), &rest, session).await
+            }
+            ("PATCH", p) if p.starts_with("/admin/tenants/") => {
+                let name = crate::account::query::decode(&p["/admin/tenants/".len()..]);
+                match read_json::<ops::TenantChange>(session).await {
+                    Ok(change) => result(
+                        ops::update_tenant(store, &name, &change)
                             .await
                             .map(|r| Output::of(&r)),
-                        true,
-                    )
+                        false,
+                    ),
+                    Err(e) => error(400, &e),
                 }
-                Err(e) => error(400, &e),
-            },
-            ("POST", p) if p.starts_with("/admin/keys/") && p.ends_with("/revoke") => {
-                let id = &p["/admin/keys/".len()..p.len() - "/revoke".len()];
-                result(
-                    ops::revoke_key(store, id).await.map(|r| Output::of(&r)),
-                    false,
-                )
             }
             ("POST", "/admin/topups") => match read_json::<NewTopUp>(session).await {
                 Ok(t) => {
