@@ -208,7 +208,7 @@ def endless_chunks(s: socket.socket, pause: float = 0.0, seconds: float = 20.0) 
             break
         sent += len(chunk)
         if pause:
-            time.sleep(pause)
+            time.sleep(pause)  # the drip's pace: time passing is the point
             s.setblocking(False)
             try:
                 if s.recv(65536) == b"":
