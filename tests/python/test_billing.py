@@ -280,6 +280,7 @@ def test_sigterm_during_load_keeps_every_completed_request(workdir):
     sim.stop()
 
 
+@pytest.mark.smoke
 def test_newcomer_flow_statement_matches_pricing(billing):
     gw, sim = billing
     _, key = gw.new_tenant("newcomer", top_up="20.00")

@@ -222,6 +222,7 @@ def hostile(workdir):
     sim.stop()
 
 
+@pytest.mark.smoke
 def test_hostile_catalogue(hostile):
     gw, sim, key = hostile
     cases = list(chat_cases(key)) + list(messages_cases(key))

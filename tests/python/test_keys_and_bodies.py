@@ -31,6 +31,7 @@ def test_revoked_key_stops_working_within_two_seconds(gw, tenant):
     assert gw.process.alive()
 
 
+@pytest.mark.smoke
 def test_keys_are_stored_only_as_hashes(gw, tenant):
     """A query on the store: the digest is there, the secret is nowhere (not in any column,
     nor anywhere in the database files)."""

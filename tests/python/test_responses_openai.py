@@ -88,6 +88,7 @@ def create(c, **kw):
     return raw.parse(), raw.headers["x-request-id"]
 
 
+@pytest.mark.smoke
 def test_text_with_instructions(gw, sim, tenant):
     _, key = tenant
     r, rid = create(client(gw, key), model="colibri", instructions="Sé breve.", input="Hola, ¿cómo estás?")
@@ -166,6 +167,7 @@ def test_json_schema_and_reasoning_reach_the_upstream(gw, sim, tenant):
     assert_billed(gw, rid, "apu", r.usage)
 
 
+@pytest.mark.smoke
 def test_stream_events_in_order_and_the_final_response_equals_the_deltas(gw, tenant):
     _, key = tenant
     c = client(gw, key)
@@ -192,6 +194,7 @@ def test_stream_events_in_order_and_the_final_response_equals_the_deltas(gw, ten
     assert c.responses.retrieve(final.id).model_dump() == unparsed(completed.model_dump())
 
 
+@pytest.mark.smoke
 def test_stream_of_a_function_call(gw, tenant):
     _, key = tenant
     with client(gw, key).responses.stream(model="colibri", input="[[sim: tool=get_weather]]", tools=[WEATHER]) as s:
@@ -203,6 +206,7 @@ def test_stream_of_a_function_call(gw, tenant):
     assert args == done.arguments == call.arguments and call.name == "get_weather"
 
 
+@pytest.mark.smoke
 def test_previous_response_id_over_three_turns(gw, sim, tenant):
     _, key = tenant
     c = client(gw, key)

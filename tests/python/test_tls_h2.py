@@ -89,6 +89,7 @@ def assert_exact_bill(gw: Gateway, sim: Sim, tenant: str, since: int, ids: list[
 # --- 1. the official SDKs over https ---------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_the_sdks_over_tls(transport):
     gw, _, sim, ca = transport
     _, key = gw.new_tenant("sdk-tls")
@@ -206,6 +207,7 @@ EXPECTED_ANSWERS = {"chat": "respuesta en h2", "chat_stream": "flujo en h2 compl
                     "messages": "mensaje h2", "messages_stream": "eventos por h2"}
 
 
+@pytest.mark.smoke
 def test_http2_over_tls_and_h2c_prior_knowledge(transport):
     gw, plain, sim, ca = transport
     _, key = gw.new_tenant("h2-tls")
