@@ -864,6 +864,7 @@ async fn stale_leases_are_reclaimed(fx: &Fixture) {
     s.acquire_lease("dead", t, soles("1")).await.unwrap();
     s.acquire_lease("alive", t, soles("2")).await.unwrap();
     s.acquire_lease("alive", u, soles("3")).await.unwrap();
+    // Time passing is the point here and below: leases older than the threshold are stale.
     tokio::time::sleep(Duration::from_millis(700)).await;
     s.heartbeat("alive").await.unwrap();
     assert_eq!(s.reclaim_stale_leases(350).await.unwrap(), 1);
@@ -1247,12 +1248,28 @@ use quipu::store::{
 };
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
-/// A store that can be made to fail, slowed down, and counts lease grants.
+/// Polls `done` until it holds; fails the test after 10 s (a wait for an event, never a
+/// fixed sleep).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A store that can be made to fail, slowed down, and counts lease grants, lease returns
+/// begun and ledger writes refused.
 struct Rigged {
     inner: Arc<dyn Store>,
     down: AtomicBool,
     release_delay_ms: AtomicU64,
     grants: AtomicU64,
+    releases: AtomicU64,
+    refused_records: AtomicU64,
 }
 
 impl Rigged {
@@ -1262,6 +1279,8 @@ impl Rigged {
             down: AtomicBool::new(false),
             release_delay_ms: AtomicU64::new(0),
             grants: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+            refused_records: AtomicU64::new(0),
         })
     }
 
@@ -1350,7 +1369,10 @@ impl store::LedgerStore for Rigged {
         self.inner.balance(tenant).await
     }
     async fn record(&self, replica: &str, rows: &[LedgerRow]) -> store::StoreResult<Recorded> {
-        self.check()?;
+        if let Err(e) = self.check() {
+            self.refused_records.fetch_add(1, Ordering::SeqCst);
+            return Err(e);
+        }
         self.inner.record(replica, rows).await
     }
     async fn reject(&self, row: &LedgerRow, reason: &str) -> store::StoreResult<()> {
@@ -1391,6 +1413,8 @@ impl store::LeaseStore for Rigged {
         amount: Pen,
     ) -> store::StoreResult<Option<store::LeaseReading>> {
         self.check()?;
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        // A slow store is the point: the return is under way for `delay`.
         let delay = self.release_delay_ms.load(Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(delay)).await;
         self.inner.release_lease(replica, tenant, amount).await
@@ -1654,7 +1678,8 @@ async fn a_lease_unconfirmed_past_the_fence_admits_nothing(fx: &Fixture) {
     drop(a.reserve(t, soles("1.00")).await.unwrap());
     assert_eq!(s.grants.load(Ordering::SeqCst), grants);
     assert!(a.heartbeat().await.is_err());
-    // Past the fence the lease may have been reclaimed: nothing is admitted against it.
+    // Past the fence the lease may have been reclaimed: nothing is admitted against it (time
+    // passing is the point).
     tokio::time::sleep(fence + Duration::from_millis(50)).await;
     let e = a.reserve(t, soles("1.00")).await.unwrap_err();
     assert!(matches!(e, Refusal::StoreUnavailable(_)), "{e:?}");
@@ -1678,7 +1703,10 @@ async fn returning_an_idle_lease_never_races_an_admission(fx: &Fixture) {
         let a = a.clone();
         tokio::spawn(async move { a.return_idle_leases(Duration::ZERO).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until("the return to reach the store", || {
+        s.releases.load(Ordering::SeqCst) > 0
+    })
+    .await;
     let r = a.reserve(t, soles("1.00")).await.unwrap();
     returning.await.unwrap();
     // The request was admitted against a fresh lease, not the one given back.
@@ -1747,9 +1775,7 @@ async fn a_store_down_at_shutdown_spills_and_the_import_charges_once(fx: &Fixtur
     let now = store::now_ms();
     let stored = row("stored", t, now, "apu", soles("0.5"));
     handle.record(stored.clone());
-    while handle.queued() > 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until("the first row to be stored", || handle.queued() == 0).await;
 
     // The store goes away; requests keep settling; then the shutdown.
     s.down.store(true, Ordering::SeqCst);
@@ -1771,7 +1797,10 @@ async fn a_store_down_at_shutdown_spills_and_the_import_charges_once(fx: &Fixtur
         handle.record(r.clone());
         lost.push(r);
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until("the writer to fail on the store", || {
+        s.refused_records.load(Ordering::SeqCst) > 0
+    })
+    .await;
     let stopped_at = std::time::Instant::now();
     stop_tx.send(true).unwrap();
     let Ok(joined) = tokio::time::timeout(Duration::from_secs(10), task).await else {

@@ -103,6 +103,11 @@ fn windows_follow_the_wall_clock() {
 /// shared PostgreSQL: the same contract, see tests/store_suite.rs), with their sync tasks.
 async fn replicas(n: usize, limits: Limits) -> Vec<RateLimiter> {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
+    replicas_on(&store, n, limits)
+}
+
+/// `n` replicas' limiters on `store`, with their sync tasks.
+fn replicas_on(store: &Arc<dyn Store>, n: usize, limits: Limits) -> Vec<RateLimiter> {
     (0..n)
         .map(|_| {
             let (rl, task) = RateLimiter::for_store(
@@ -155,12 +160,41 @@ async fn three_replicas_admit_the_limit_between_them_not_three_times_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slice_held_by_an_idle_replica_comes_back() {
-    let rls = replicas(2, Limits::default()).await;
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(":memory:").await.unwrap());
+    let rls = replicas_on(&store, 2, Limits::default());
     let key = key_on(2, "key_idle");
-    let window = rls[0].clock.now().window;
-    // Replica 0 takes a slice and stops; replica 1 then gets the whole rest of the limit.
+    let now = rls[0].clock.now();
+    let window = now.window;
+    // Replica 0 takes a slice and stops; replica 1 then gets the whole rest of the limit, once
+    // replica 0 has given back what it did not use (idle for `sync::IDLE`): the store's count
+    // of the window is then its one request.
     assert!(rls[0].admit(&rpm(32), &key[0]).await.is_ok());
-    tokio::time::sleep(sync::IDLE + sync::TICK * 4).await;
+    let count = crate::store::QuotaAsk {
+        subject: key[0].key.subject.window_name(shared::Dim::Requests),
+        window_ms: i64::try_from(rls[0].clock.window_ms()).unwrap(),
+        window_start: now.start_ms,
+        add: 0,
+        want: 0,
+        limit: 32,
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (grants, _) = store
+            .take_quota(std::slice::from_ref(&count))
+            .await
+            .unwrap();
+        if grants[0].taken == 1 {
+            break;
+        }
+        if rls[0].clock.now().window != window {
+            return; // the window ended first: nothing to check
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "replica 0 never gave its slice back: {grants:?}"
+        );
+        tokio::time::sleep(sync::TICK).await;
+    }
     let mut admitted = 0;
     for _ in 0..40 {
         if rls[1].admit(&rpm(32), &key[1]).await.is_ok() {

@@ -54,6 +54,14 @@ def tenant(gw):
     return name, secret
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "smoke: the integration smoke of the fast tier (`scripts/test.sh --fast` runs only these; "
+        "docs/testing.md says why these)",
+    )
+
+
 def pytest_runtest_makereport(item, call):
     # On failure, show the tail of every process log of the session's workdir.
     if call.when == "call" and call.excinfo is not None:

@@ -12,6 +12,7 @@ import os
 import pathlib
 import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -239,7 +240,10 @@ class Gateway:
         self.port = free_port()
         self.metrics_port = free_port()
         self.admin_port = free_port()
+        # Where a process started with `--upgrade` waits for this one's listeners.
+        self.upgrade_sock = workdir / (name + "_upgrade.sock")
         self.name = name
+        self.models = list(upstreams)
         self.store_url = store_url or f"sqlite://{workdir / (name + '-' + str(free_port()) + '.db')}"
         models = "".join(model_block(slug, ups, model_extra) for slug, ups in upstreams.items())
         tiers = {"apu": "claude-opus-*", "aguila": "claude-sonnet-*", "colibri": "claude-haiku-*"}
@@ -253,7 +257,7 @@ admin_token = "{ADMIN_TOKEN}"
 threads = 2
 grace_period_seconds = 30
 pid_file = "{workdir / (name + '.pid')}"
-upgrade_sock = "{workdir / (name + '_upgrade.sock')}"
+upgrade_sock = "{self.upgrade_sock}"
 {server_extra}
 
 [store]
@@ -378,6 +382,48 @@ web_search = true
             return status != 401
 
         wait_until(known, timeout, what="the new key to reach the gateway")
+
+    def request(self, method: str, path: str, body=None, headers=None, timeout: float = 30.0):
+        """A request to the API listener: (status, parsed JSON or raw text, headers)."""
+        return http_json(method, self.base + path, body, headers, timeout)
+
+    def wait_idle(self, timeout: float = 15.0) -> None:
+        """Waits until no API request is in flight (`quipu_requests_in_flight`): each request
+        has then finished — settled, queued its ledger row, counted its metrics."""
+        wait_until(lambda: self.metric_value("quipu_requests_in_flight") == 0, timeout,
+                   what=f"{self.name}: every request to finish")
+
+    def ledger_has(self, request_id: str) -> bool:
+        """Whether the store has the ledger row of `request_id`."""
+        if self.store_url.startswith("sqlite://"):
+            con = sqlite3.connect(self.store_url.removeprefix("sqlite://"))
+            try:
+                return con.execute("SELECT 1 FROM ledger WHERE entry_id = ?", (request_id,)).fetchone() is not None
+            finally:
+                con.close()
+        r = subprocess.run(["psql", self.store_url, "-Atc", "SELECT 1 FROM ledger WHERE entry_id = "
+                            f"'{request_id}'"], check=True, capture_output=True, text=True)
+        return r.stdout.strip() == "1"
+
+    def ledger_barrier(self, timeout: float = 15.0) -> None:
+        """Returns once every request the gateway has received so far has its ledger row in the
+        store, if it makes one: what a check that a row was NOT written waits for, instead of a
+        clock. Every request finishes first (a finished request has queued its row); then one
+        more request, of a tenant of its own (created here once, with a row of its own in the
+        ledger from then on), is answered and its row waited for: the writer stores rows in the
+        order they were queued, so every row queued before it is stored by then."""
+        self.wait_idle(timeout)
+        if getattr(self, "_barrier_key", None) is None:
+            self._barrier_key = self.new_tenant(f"ledger-barrier-{self.port}", top_up="100.00")[1]
+        status, body, hdrs = self.request(
+            "POST", "/v1/chat/completions",
+            {"model": self.models[0], "max_tokens": 1,
+             "messages": [{"role": "user", "content": "barrier [[sim: tokens=1]]"}]},
+            {"Authorization": f"Bearer {self._barrier_key}"},
+        )
+        assert status == 200, f"the ledger barrier's request: {status} {body}"
+        rid = hdrs["x-request-id"]
+        wait_until(lambda: self.ledger_has(rid), timeout, what=f"{self.name}: the ledger barrier's row")
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:

@@ -126,6 +126,7 @@ def two(gw):
     return out
 
 
+@pytest.mark.smoke
 def test_each_tenant_sees_its_own_money_and_only_its_own(gw, two):
     for (name, secret, ids), (other, _, other_ids) in [(two[0], two[1]), (two[1], two[0])]:
         rows = ledger(gw, name)
@@ -170,6 +171,7 @@ def test_each_tenant_sees_its_own_money_and_only_its_own(gw, two):
         assert other != name
 
 
+@pytest.mark.smoke
 def test_bad_revoked_and_missing_keys_are_refused(gw):
     name = f"acct{next(_names)}"
     key, secret = gw.new_tenant(name)

@@ -263,7 +263,8 @@ def test_sigterm_during_load_keeps_every_completed_request(workdir):
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    # Under load: requests complete, and more are on their way when the signal arrives.
+    wait_until(lambda: len(completed) >= 100, 15, "requests completing under load")
     gw.process.send_signal(signal.SIGTERM)
     stop.set()
     for t in threads:
@@ -279,6 +280,7 @@ def test_sigterm_during_load_keeps_every_completed_request(workdir):
     sim.stop()
 
 
+@pytest.mark.smoke
 def test_newcomer_flow_statement_matches_pricing(billing):
     gw, sim = billing
     _, key = gw.new_tenant("newcomer", top_up="20.00")
@@ -374,11 +376,12 @@ def test_non_streamed_requests_that_fail_late_are_still_billed(billing):
 
     # 1. The client leaves while the upstream is still working on a non-streamed answer.
     messages = [{"role": "user", "content": "espera [[sim: tokens=5 body_ms=1500]]"}]
+    received = sim.stats()["requests"]
     conn = raw_connection(gw)
     conn.request("POST", "/v1/chat/completions",
                  json.dumps({"model": "colibri", "max_tokens": 50, "messages": messages}),
                  {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    time.sleep(0.4)  # the upstream has the request
+    wait_until(lambda: sim.stats()["requests"] > received, 10, "the upstream to have the request")
     conn.sock.close()
     conn.close()
 

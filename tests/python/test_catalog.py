@@ -3,6 +3,7 @@
 from decimal import Decimal
 
 import openai
+import pytest
 
 from harness import http_json
 
@@ -20,6 +21,7 @@ def test_models_spec_shape(gw):
     assert models[0]["inFree"] is True and models[2]["inFree"] is False
 
 
+@pytest.mark.smoke
 def test_models_sdk_list_shape(gw):
     _, body, _ = http_json("GET", gw.base + "/v1/models")
     assert body["object"] == "list"
@@ -33,6 +35,7 @@ def test_models_sdk_list_shape(gw):
     assert client.models.retrieve("apu").id == "apu"
 
 
+@pytest.mark.smoke
 def test_pricing_values_are_the_configured_decimals(gw):
     status, body, _ = http_json("GET", gw.base + "/v1/pricing")
     assert status == 200

@@ -17,6 +17,7 @@ def last_upstream(sim):
     return json.loads(sim.last_body())
 
 
+@pytest.mark.smoke
 def test_create(gw, sim, tenant):
     _, key = tenant
     r = client(gw, key).chat.completions.with_raw_response.create(
@@ -100,6 +101,7 @@ def test_stream_without_usage(gw, tenant):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+@pytest.mark.smoke
 def test_stream_with_usage(gw, tenant):
     _, key = tenant
     chunks = list(
@@ -116,6 +118,7 @@ def test_stream_with_usage(gw, tenant):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 0
 
 
+@pytest.mark.smoke
 def test_tools_round_trip(gw, tenant):
     _, key = tenant
     c = client(gw, key)
@@ -156,6 +159,7 @@ def test_tools_round_trip(gw, tenant):
     assert json.loads("".join(fragments)) == args
 
 
+@pytest.mark.smoke
 def test_errors_raise_the_sdk_classes_with_our_messages(gw, tenant):
     _, key = tenant
     with pytest.raises(openai.AuthenticationError) as e:
@@ -197,6 +201,7 @@ def test_upstream_errors_are_rerendered(gw, tenant):
     assert e.value.status_code == 502
 
 
+@pytest.mark.smoke
 def test_mid_stream_failure_becomes_an_error_event(gw, tenant):
     _, key = tenant
     stream = client(gw, key).chat.completions.create(

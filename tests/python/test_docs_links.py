@@ -126,11 +126,13 @@ def missing_paths(files: list[pathlib.Path], root: pathlib.Path) -> list[str]:
     return missing
 
 
+@pytest.mark.smoke
 def test_every_relative_link_and_anchor_resolves():
     broken = broken_links(doc_files(), ROOT)
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+@pytest.mark.smoke
 def test_every_repository_path_named_in_the_docs_exists():
     missing = missing_paths(doc_files(), ROOT)
     assert not missing, "paths that are not in the repository:\n" + "\n".join(missing)

@@ -222,6 +222,7 @@ def hostile(workdir):
     sim.stop()
 
 
+@pytest.mark.smoke
 def test_hostile_catalogue(hostile):
     gw, sim, key = hostile
     cases = list(chat_cases(key)) + list(messages_cases(key))
@@ -246,7 +247,10 @@ def test_hostile_catalogue(hostile):
     assert not failures, "\n".join(failures)
     # Still serving, nothing left reserved, no row for a refused request.
     assert http_json("GET", gw.base + "/v1/models")[0] == 200
-    status, _, _ = http_json(
+    # Every case has finished (queued its row, if it made one) before this last request, whose
+    # row is then stored after theirs: the writer stores rows in the order they were queued.
+    gw.wait_idle()
+    status, _, hdrs = http_json(
         "POST", gw.base + "/v1/chat/completions", {"model": "colibri", "messages": OK_MSG},
         {"Authorization": f"Bearer {key}"},
     )
@@ -259,8 +263,7 @@ def test_hostile_catalogue(hostile):
         con.close()
         return rows
 
-    wait_until(lambda: len(statuses()) >= admitted + 1, 5, "the ledger rows")
-    time.sleep(0.2)
+    wait_until(lambda: gw.ledger_has(hdrs["x-request-id"]), 5, "the last request's ledger row")
     assert statuses() == [200] * (admitted + 1), "only the admitted requests are in the ledger"
     # The money agrees three ways: each row's charge is its tokens at the model's prices, the
     # statement's charges and top-ups are what the rows sum to, and so is the balance.
@@ -378,9 +381,13 @@ def test_a_key_revoked_mid_stream(hostile):
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
     )
-    time.sleep(0.5)
-    gw.cli("key", "revoke", key["key_id"])
+    # The stream is under way (its head has arrived) before the key is revoked.
     text = b""
+    while b"\r\n\r\n" not in text:
+        chunk = conn.recv(65536)
+        assert chunk, f"the gateway closed before the stream began: {text!r}"
+        text += chunk
+    gw.cli("key", "revoke", key["key_id"])
     while b"0\r\n\r\n" not in text:
         chunk = conn.recv(65536)
         if not chunk:
@@ -458,11 +465,13 @@ def test_another_tenants_key_revoked_mid_stream(hostile):
     wait_until(lambda: len(rows("revoked-b")) == 2, 5, "B's row")  # its top-up and its request
     b_rows, b_statement = rows("revoked-b"), gw.cli("statement", "--tenant", "revoked-b")
     since = sim.stats()["seq"]
+    received = sim.stats()["requests"]
     slow = "[[sim: tokens=20 delay_ms=100]]"
     a_conn = open_stream(gw, a, f"alfa {slow}")
     c_conn = open_stream(gw, c, f"gama {slow}")
     started = time.time()
-    time.sleep(0.4)
+    # Both streams are admitted and under way upstream before B's key is revoked.
+    wait_until(lambda: sim.stats()["requests"] >= received + 2, 5, "A's and C's streams upstream")
     gw.cli("key", "revoke", b_key["key_id"])
     # Polled with an empty body (400 while the key is known, no row), so that no request of B
     # is admitted in the refresh interval before the revocation takes effect.
@@ -495,9 +504,9 @@ def test_another_tenants_key_revoked_mid_stream(hostile):
     con.close()
     same = ("kind", "model", "format", "output_tokens", "status", "http_status", "unbilled", "input_estimated")
     assert [a_row[cols.index(k)] for k in same] == [c_row[cols.index(k)] for k in same], (a_row, c_row)
-    # B: refused, and nothing of B's moved.
+    # B: refused, and nothing of B's moved (a row of any request so far would be stored by now).
     assert b_status() == 401
-    time.sleep(0.3)  # a flush interval and more: a stray row would be there by now
+    gw.ledger_barrier()
     assert rows("revoked-b") == b_rows
     after = gw.cli("statement", "--tenant", "revoked-b")
     assert after == b_statement, (b_statement, after)
@@ -572,13 +581,13 @@ def test_a_head_dripped_byte_by_byte_is_cut_off(hostile):
     # A request that sends its head at once on a connection idle for a while still works.
     conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
     conn.connect()
-    time.sleep(HEAD_TIMEOUT_MS / 2000)
+    time.sleep(HEAD_TIMEOUT_MS / 2000)  # time passing is the point: idle for half the head deadline
     conn.request("GET", "/v1/models")
     r = conn.getresponse()
     r.read()
     assert r.status == 200
     # …and, kept alive, a later request gets its own deadline from its first byte.
-    time.sleep(HEAD_TIMEOUT_MS / 1000 + 0.5)
+    time.sleep(HEAD_TIMEOUT_MS / 1000 + 0.5)  # time passing is the point: idle past a head deadline
     conn.request("POST", "/v1/chat/completions", json.dumps({"model": "colibri", "messages": OK_MSG}),
                  {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
     r = conn.getresponse()
@@ -603,8 +612,8 @@ def test_connections_beyond_the_cap_are_closed_and_the_first_ones_work(workdir, 
             r.read()
             return r.status
 
-        # Let the connections of start-up checks close on the server's side too.
-        time.sleep(0.3)
+        # The connections of start-up checks are closed on the server's side too.
+        wait_until(lambda: gw.metric_value("quipu_client_connections") == 0, 5, "start-up connections to close")
         conns = [http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10) for _ in range(cap)]
         assert [ask(c) for c in conns] == [200] * cap
         socks = [c.sock for c in conns]
@@ -696,7 +705,7 @@ def test_a_slow_reader_is_served_with_bounded_buffering(hostile):
         assert data, "the gateway hung up on a client that was still reading"
         got += len(data)
         peak = max(peak, rss_kib())
-        time.sleep(0.05)
+        time.sleep(0.05)  # the pace of a slow reader: time passing is the point
     assert got > 50_000, f"only {got} bytes arrived in 4 s"
     assert peak - before < 8 * 1024, f"the gateway grew by {peak - before} KiB for a slow reader"
     conn.close()
@@ -872,11 +881,14 @@ def test_the_gateway_never_fetches_a_url_for_a_client(workdir, hostile):
         status, _, _ = http_json("POST", strict.base + "/v1/chat/completions", {"model": "colibri", "messages": OK_MSG},
                                  {**hostile_headers, "Authorization": f"Bearer {strict_key}"})
         assert status == 200 and json.loads(sim.last_body())["model"] == "upstream-colibri"
-        time.sleep(0.5)  # anything in flight towards the listener has arrived by now
-        assert canary.seen == [], f"the listener was connected to: {canary.seen}"
-        # The listener works: a connection to it is recorded.
-        socket.create_connection(("127.0.0.1", canary.port), timeout=2).close()
-        wait_until(lambda: len(canary.seen) == 1, 2, "the listener to record a connection")
+        # Every request has finished; then a connection of ours, recorded after any the
+        # gateways made (the listener takes them in order): it is the only one.
+        for g in (strict, lax):
+            g.wait_idle()
+        with socket.create_connection(("127.0.0.1", canary.port), timeout=2) as ours:
+            ours.sendall(b"ours")
+        wait_until(lambda: b"ours" in canary.seen, 5, "the listener to record our connection")
+        assert canary.seen == [b"ours"], f"the listener was connected to: {canary.seen}"
     finally:
         lax.stop()
         canary.stop()

@@ -31,6 +31,7 @@ def test_revoked_key_stops_working_within_two_seconds(gw, tenant):
     assert gw.process.alive()
 
 
+@pytest.mark.smoke
 def test_keys_are_stored_only_as_hashes(gw, tenant):
     """A query on the store: the digest is there, the secret is nowhere (not in any column,
     nor anywhere in the database files)."""
@@ -208,7 +209,7 @@ def endless_chunks(s: socket.socket, pause: float = 0.0, seconds: float = 20.0) 
             break
         sent += len(chunk)
         if pause:
-            time.sleep(pause)
+            time.sleep(pause)  # the drip's pace: time passing is the point
             s.setblocking(False)
             try:
                 if s.recv(65536) == b"":

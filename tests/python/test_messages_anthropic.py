@@ -25,6 +25,7 @@ def client(gw, key, **kw):
     return anthropic.Anthropic(base_url=gw.base, api_key=key, **kw)
 
 
+@pytest.mark.smoke
 def test_create(gw, sim, tenant):
     _, key = tenant
     r = client(gw, key).messages.with_raw_response.create(
@@ -42,6 +43,7 @@ def test_create(gw, sim, tenant):
     assert up["model"] == "upstream-aguila", "claude-sonnet-* is an alias of aguila"
 
 
+@pytest.mark.smoke
 def test_stream_final_message_equals_non_stream(gw, tenant):
     _, key = tenant
     c = client(gw, key)
@@ -66,6 +68,7 @@ def test_stream_final_message_equals_non_stream(gw, tenant):
     assert final.content[0].type == "thinking"
 
 
+@pytest.mark.smoke
 def test_tool_use_round_trip(gw, tenant):
     _, key = tenant
     c = client(gw, key)
@@ -84,6 +87,7 @@ def test_tool_use_round_trip(gw, tenant):
     assert second.content[0].type == "text"
 
 
+@pytest.mark.smoke
 def test_count_tokens_comes_from_the_upstream_tokenizer(gw, tenant):
     _, key = tenant
     c = client(gw, key)
@@ -198,6 +202,7 @@ def test_billing_size_and_timeout_errors_raise_the_sdk_classes(workdir, sim):
         g.stop()
 
 
+@pytest.mark.smoke
 def test_mid_stream_error_is_an_error_event(gw, tenant):
     _, key = tenant
     seen = []

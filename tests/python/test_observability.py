@@ -289,6 +289,7 @@ def test_every_family_is_charted_or_listed_as_uncharted(live):
 # Static: the dashboard JSON
 
 
+@pytest.mark.smoke
 def test_committed_dashboards_equal_the_generator_output():
     rendered = generate.render()
     assert set(rendered) == set(EXPECTED_UIDS)
@@ -547,6 +548,7 @@ def test_dockerfile():
     assert "target" in ignored and ".git" in ignored
 
 
+@pytest.mark.smoke
 def test_docs_describe_every_metric():
     doc = (ROOT / "docs" / "observability.md").read_text()
     missing = sorted(f for f in obs.defined_families(ROOT / "src" / "metrics" / "mod.rs") if f"`{f}`" not in doc)

@@ -251,7 +251,10 @@ def test_a_shutdown_with_the_database_down_spills_and_the_import_restores_every_
     pg_server("pause")
     try:
         answered = [ask(i) for i in range(1, 9)]
-        time.sleep(0.5)  # the writer is failing and retrying by now
+        # The writer has tried to store their rows, failed, and is retrying.
+        wait_until(lambda: gw.metric_value("quipu_ledger_flush_seconds_count", result="error") >= 1
+                   and gw.metric_value("quipu_ledger_queue_rows") >= len(answered), 10,
+                   "the ledger writer failing on the answered requests' rows")
         signalled = time.time()
         gw.process.send_signal(signal.SIGTERM)
         try:

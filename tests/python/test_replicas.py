@@ -103,6 +103,7 @@ def per_window(results, window_s: int, what: str) -> list[int]:
 
 
 def wait_for_window_start(window_s: int) -> None:
+    # Time passing is the point: the windows are periods of the wall clock.
     left = window_s - time.time() % window_s
     time.sleep(left + 0.05)
 
@@ -170,6 +171,7 @@ def test_a_small_balance_is_spent_through_three_replicas_without_a_402_while_fun
         _seed_spend(cluster, "small", Decimal("9.00"))
         assert cluster.balance("small") == Decimal("1.00")
         first_402: list[Decimal] = []
+        unwritten: list[str] = []
         lock = threading.Lock()
         admitted = []
 
@@ -180,9 +182,17 @@ def test_a_small_balance_is_spent_through_three_replicas_without_a_402_while_fun
                     with lock:
                         admitted.append(rid)
                     continue
-                # Refused: the balance must not cover one more request, once what was in
-                # flight is written (the ledger flushes every 20 ms here).
-                time.sleep(0.3)
+                # Refused: the balance must not cover one more request, once the requests
+                # admitted before the 402 are written (those still in flight then, one per
+                # other client at most, are the slack of the check below).
+                with lock:
+                    done = set(admitted)
+                try:
+                    wait_until(lambda: done <= set(cluster.ledger("small")), 10, "the admitted requests' rows")
+                except TimeoutError as e:
+                    with lock:
+                        unwritten.append(str(e))
+                    return
                 with lock:
                     first_402.append(cluster.balance("small"))
                 return
@@ -192,7 +202,8 @@ def test_a_small_balance_is_spent_through_three_replicas_without_a_402_while_fun
             t.start()
         for t in threads:
             t.join(120)
-        time.sleep(0.3)
+        assert not unwritten, unwritten
+        wait_until(lambda: set(admitted) <= set(cluster.ledger("small")), 10, "every admitted request's row")
         left = cluster.balance("small")
         assert len(admitted) == int(Decimal("1.00") // COST) == 20, (len(admitted), left)
         assert left == Decimal("1.00") - COST * len(admitted) < COST, left
@@ -312,11 +323,13 @@ def test_a_rolling_restart_under_load_loses_no_request_and_no_charge(workdir, pg
         since = cluster.sim.stats()["seq"]
         rate = float(os.environ.get("QUIPU_ROLLING_RATE", "40"))
         load = Load(cluster.base, secret, rate).start(seconds=30)
-        time.sleep(3)
+        wait_until(lambda: load.ok >= rate, 15, "a second's worth of requests through the balancer")
         started = time.time()
         for i in range(3):
             cluster.restart(i)
-            time.sleep(1)
+            # Back in the balancer's rotation (it takes traffic) before the next one stops.
+            wait_until(lambda: cluster.replicas[i].metric_value("quipu_requests_total", model="colibri") >= 5, 15,
+                       f"replica {i} to take traffic again")
         took = time.time() - started
         load.join()
         with capsys.disabled():
@@ -345,7 +358,7 @@ def new_connection_requests(port: int, secret: str, stop: threading.Event, out: 
             out["statuses"].append(r.status)
         except (OSError, http.client.HTTPException) as e:
             out["errors"].append(f"{type(e).__name__}: {e}")
-        time.sleep(0.02)
+        time.sleep(0.02)  # the load's pace
 
 
 def test_a_graceful_upgrade_under_load_refuses_no_connection_and_loses_no_row(workdir, pg_admin, capsys):
@@ -363,17 +376,20 @@ def test_a_graceful_upgrade_under_load_refuses_no_connection_and_loses_no_row(wo
             t.start()
         # SDK clients on keep-alive connections, straight to the gateway.
         load = Load(f"http://127.0.0.1:{old.port}", secret, rate=30).start(seconds=12)
-        time.sleep(3)
+        wait_until(lambda: load.ok >= 30 and len(raw["statuses"]) >= 30, 15, "both loads under way")
         new = Gateway.__new__(Gateway)
         new.__dict__.update(old.__dict__)
         new.name = old.name + "-new"
         new.process = None
+        assert not os.path.exists(old.upgrade_sock), old.upgrade_sock
         new.start("--upgrade", wait=False)
-        time.sleep(1.0)  # the new process waits on the upgrade socket
+        wait_until(lambda: os.path.exists(old.upgrade_sock), 10, "the new process's hand-over socket")
         old.process.send_signal(signal.SIGQUIT)
         assert old.process.proc.wait(60) == 0, old.process.tail()
         cluster.replicas[0] = new
-        time.sleep(3)
+        # The new process serves both loads for a while (its own count, on the same ports).
+        wait_until(lambda: new.metric_value("quipu_requests_total", model="colibri") >= 100, 15,
+                   "the new process to serve")
         stop.set()
         for t in threads:
             t.join()

@@ -12,7 +12,7 @@ from decimal import Decimal
 import openai
 import pytest
 
-from harness import http_json, wait_until
+from harness import Gateway, http_json, wait_until
 
 PRICES = {  # per million tokens, as harness.model_block configures them
     "colibri": (Decimal("0.20"), Decimal("0.05"), Decimal("0.80")),
@@ -49,6 +49,15 @@ def ledger_row(gw, request_id: str, timeout: float = 10.0) -> dict:
         time.sleep(0.05)
 
 
+def in_store(gw, response_id: str) -> bool:
+    """Whether the stored response `response_id` is in the store (not only waiting for it)."""
+    con = sqlite3.connect(gw.store_url.removeprefix("sqlite://"))
+    try:
+        return con.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)).fetchone() is not None
+    finally:
+        con.close()
+
+
 def assert_billed(gw, request_id: str, model: str, usage) -> None:
     """The request's ledger row holds the upstream's usage (as the response reports it) × the
     model's price, labelled with the format."""
@@ -79,6 +88,7 @@ def create(c, **kw):
     return raw.parse(), raw.headers["x-request-id"]
 
 
+@pytest.mark.smoke
 def test_text_with_instructions(gw, sim, tenant):
     _, key = tenant
     r, rid = create(client(gw, key), model="colibri", instructions="Sé breve.", input="Hola, ¿cómo estás?")
@@ -157,6 +167,7 @@ def test_json_schema_and_reasoning_reach_the_upstream(gw, sim, tenant):
     assert_billed(gw, rid, "apu", r.usage)
 
 
+@pytest.mark.smoke
 def test_stream_events_in_order_and_the_final_response_equals_the_deltas(gw, tenant):
     _, key = tenant
     c = client(gw, key)
@@ -183,6 +194,7 @@ def test_stream_events_in_order_and_the_final_response_equals_the_deltas(gw, ten
     assert c.responses.retrieve(final.id).model_dump() == unparsed(completed.model_dump())
 
 
+@pytest.mark.smoke
 def test_stream_of_a_function_call(gw, tenant):
     _, key = tenant
     with client(gw, key).responses.stream(model="colibri", input="[[sim: tool=get_weather]]", tools=[WEATHER]) as s:
@@ -194,6 +206,7 @@ def test_stream_of_a_function_call(gw, tenant):
     assert args == done.arguments == call.arguments and call.name == "get_weather"
 
 
+@pytest.mark.smoke
 def test_previous_response_id_over_three_turns(gw, sim, tenant):
     _, key = tenant
     c = client(gw, key)
@@ -249,23 +262,30 @@ def test_a_deleted_response_is_gone_at_once(gw, tenant):
         with pytest.raises(openai.NotFoundError):
             c.responses.delete(r.id)
         if i % 2:
-            time.sleep(0.011)  # once the batch it was in has been written
+            # Once the batch it was in has been written: a response stored after it is in the
+            # store (the writer takes them in order, one batch at a time).
+            after, _ = create(c, model="colibri", input=f"después {i}")
+            wait_until(lambda: in_store(gw, after.id), 5, "a later response in the store")
             with pytest.raises(openai.NotFoundError):
                 c.responses.retrieve(r.id)
 
 
-def test_stored_responses_are_counted(gw, tenant):
-    _, key = tenant
-    c = client(gw, key)
-    time.sleep(0.1)  # what earlier tests queued is written by now (the writer gathers 10 ms)
-    before = gw.metric_value("quipu_stored_responses_total", result="stored")
-    for i in range(3):
-        create(c, model="colibri", input=f"cuenta {i}")
-    create(c, model="colibri", input="no se guarda", store=False)
-    wait_until(lambda: gw.metric_value("quipu_stored_responses_total", result="stored") - before == 3,
-               5, "three responses to be stored")
-    for result in ("queue_full", "failed", "invalid"):
-        assert gw.metric_value("quipu_stored_responses_total", result=result) == 0, result
+def test_stored_responses_are_counted(workdir, sim):
+    # A gateway of its own, so that no response another test queued is counted meanwhile.
+    gw = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-responses-counted").start()
+    try:
+        _, key = gw.new_tenant("counted")
+        c = client(gw, key)
+        assert gw.metric_value("quipu_stored_responses_total", result="stored") == 0
+        for i in range(3):
+            create(c, model="colibri", input=f"cuenta {i}")
+        create(c, model="colibri", input="no se guarda", store=False)
+        wait_until(lambda: gw.metric_value("quipu_stored_responses_total", result="stored") == 3,
+                   5, "three responses to be stored")
+        for result in ("queue_full", "failed", "invalid"):
+            assert gw.metric_value("quipu_stored_responses_total", result=result) == 0, result
+    finally:
+        gw.stop()
 
 
 def test_store_false_is_not_retrievable(gw, tenant):

@@ -135,7 +135,7 @@ class MappedResolver(BaseResolver):
             found = self.names.get(name)
             delay = self.delays.get(name, 0.0)
         if delay:
-            time.sleep(delay)  # each query has its own thread (a threading server)
+            time.sleep(delay)  # a slow server is the point; each query has its own thread
         if found is None:
             reply.header.rcode = RCODE.NXDOMAIN
             return reply
@@ -221,7 +221,7 @@ def assert_exact_bill(gw: Gateway, sim: Sim, tenant: str, since: int, ids: list[
     assert all(ids) and len(set(ids)) == len(ids), ids
     recs = sim_records(sim, since, ids)
     wait_rows(gw, ids)
-    time.sleep(0.1)  # a flush interval: a stray row would be there by now
+    gw.ledger_barrier()  # a stray row of any request so far would be stored by now
     rows = tenant_rows(gw, tenant)
     assert sorted(rows) == sorted(ids), f"{len(rows)} rows for {len(ids)} requests"
     problems = billing_problems(rows, recs, ids)
@@ -625,6 +625,8 @@ def test_a_connect_failure_resolves_again_at_once(workdir, dns):
         assert_served_by(gw, key, b, a)
         # Moved in DNS while B still answers: nothing makes the gateway look again yet.
         dns.point(name, "127.0.0.1", ttl=60)
+        # Time passing is the point: nothing but the TTL (60 s) would make it look again, and
+        # a resolver that ignored it would have looked again within this.
         time.sleep(1.5)
         assert_served_by(gw, key, b, a, n=2)
         # B goes away: the next request's connect fails, and the name is looked up again.

@@ -535,12 +535,12 @@ def _probe_main(port: int, ca_path: str | None, key: str, ready, stop, out) -> N
             return None
 
     while one() is None and not stop.is_set():
-        time.sleep(0.1)
+        time.sleep(0.1)  # a poll: until the first request succeeds (the caller's deadline: 30 s)
     ready.set()
     samples: list[float | None] = []
     while not stop.is_set():
         samples.append(one())
-        time.sleep(0.02)
+        time.sleep(0.02)  # the probe's pace
     conn.close()
     out.send(samples)
 
@@ -585,7 +585,7 @@ class Probe:
 
 def baseline_latency(port: int, key: str, ca_path: str | None, seconds: float = 1.0) -> Probe:
     with Probe(port, key, ca_path) as p:
-        time.sleep(seconds)
+        time.sleep(seconds)  # time passing is the point: the probe samples for `seconds`
     assert len(p.samples) >= 5 and p.failures == 0, p.samples
     return p
 
