@@ -141,6 +141,18 @@ impl Metered {
             cost: charging.cost(usage),
         }
     }
+
+    /// The stream's final usage and its cost, at its end: the usage a cost was already
+    /// written for (the chat format's usage chunk), else [`Self::bill`] now.
+    fn final_bill(&mut self, charging: &Charging) -> Billed {
+        match self.billed {
+            Some(usage) => Billed {
+                usage,
+                cost: charging.cost(usage),
+            },
+            None => self.bill(charging),
+        }
+    }
 }
 
 /// What a client format writes; [`Stream`] runs the rest (see the module docs).
@@ -245,7 +257,7 @@ impl<H> Core<H> {
     /// Writes the held finish, if any, and completes the stream.
     fn complete<F: StreamFormat<Held = H>>(&mut self, format: &mut F, out: &mut Vec<u8>) {
         if let Some(held) = self.held.take() {
-            let billed = self.metered.bill(&format.context().charging);
+            let billed = self.metered.final_bill(&format.context().charging);
             format.complete(held, billed, out);
             self.end = StreamEnd::Complete;
         }
@@ -279,7 +291,10 @@ impl<F: StreamFormat> Stream<F> {
 
     fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
         let error = scrub_error(error, self.format.context());
-        let billed = self.core.metered.bill(&self.format.context().charging);
+        let billed = self
+            .core
+            .metered
+            .final_bill(&self.format.context().charging);
         self.format.write_error(&error, billed, out);
         self.core.error = Some(error);
         self.core.end = StreamEnd::Failed;

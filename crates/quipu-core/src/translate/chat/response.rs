@@ -146,9 +146,10 @@ struct UsageSpans<'a> {
 /// The edits of a usage object the client sees (docs/design.md, usage semantics):
 ///
 /// - `prompt_tokens_details.cached_tokens`, which a chat answer from Quipu always has, when
-///   the object lacks it (`cached` false): vLLM without `--enable-prompt-tokens-details` sends
-///   `null` there, SGLang and llama.cpp often leave it out. The count written is the one
-///   billed (llama.cpp's `timings.cache_n` when that is where the upstream put it);
+///   the object lacks it (`details`: the count to write): vLLM without
+///   `--enable-prompt-tokens-details` sends `null` there, SGLang and llama.cpp often leave it
+///   out. The count written is the one billed (llama.cpp's `timings.cache_n` when that is
+///   where the upstream put it);
 /// - `cost`, when given: the answer's cost in soles, a JSON number, replacing a `cost` the
 ///   upstream may have written (its money is not the tenant's); when not, such a `cost` is
 ///   removed.
@@ -157,8 +158,7 @@ struct UsageSpans<'a> {
 fn usage_edits(
     src: &[u8],
     usage: &RawValue,
-    billed: &Usage,
-    cached: bool,
+    details: Option<u64>,
     cost: Option<Pen>,
     splice: &mut Splice,
 ) {
@@ -170,10 +170,10 @@ fn usage_edits(
     };
     // Members added at the end of the object, each with its leading comma.
     let mut added = Vec::new();
-    if !cached {
+    if let Some(cached) = details {
         let mut details = Vec::with_capacity(40);
         details.extend_from_slice(b"{\"cached_tokens\":");
-        details.extend_from_slice(itoa::Buffer::new().format(billed.cached()).as_bytes());
+        details.extend_from_slice(itoa::Buffer::new().format(cached).as_bytes());
         details.push(b'}');
         match spans.prompt_tokens_details.and_then(|d| range_of(src, d)) {
             // `null`, or an object without the count: replaced whole.
@@ -334,9 +334,14 @@ fn completion_to_chat(
     if let Some(r) = spans.model.and_then(|m| range_of(upstream_body, m)) {
         splice.replace(r, &slug_json(&ctx.slug));
     }
-    if let (Some(raw), Some((billed, cached))) = (spans.usage, parsed) {
-        let cost = ctx.charging.cost(billed);
-        usage_edits(upstream_body, raw, &billed, cached, Some(cost), &mut splice);
+    if let Some(raw) = spans.usage {
+        // An object that is not a usage (its counts unreadable) gets neither, only loses an
+        // upstream's `cost`.
+        let (details, cost) = parsed.map_or((None, None), |(billed, cached)| {
+            let details = (!cached).then(|| billed.cached());
+            (details, Some(ctx.charging.cost(billed)))
+        });
+        usage_edits(upstream_body, raw, details, cost, &mut splice);
     }
     for c in choices {
         if let Some(m) = &c.message {
@@ -473,13 +478,15 @@ impl ChatWriter {
             self.splice.replace(r, &self.slug_json);
         }
         if choices.is_empty() {
-            if let (Some(raw), Some((billed, cached))) = (spans.usage, parsed) {
+            if let Some(raw) = spans.usage {
                 // The usage chunk after the finish: the final usage, with its cost, which from
-                // here on is what the stream bills.
-                let cost = core
-                    .finished()
+                // here on is what the stream bills. (Unreadable counts: no cost, only an
+                // upstream's `cost` removed.)
+                let details =
+                    parsed.and_then(|(billed, cached)| (!cached).then(|| billed.cached()));
+                let cost = (parsed.is_some() && core.finished())
                     .then(|| core.metered.bill(&self.ctx.charging).cost);
-                usage_edits(data, raw, &billed, cached, cost, &mut self.splice);
+                usage_edits(data, raw, details, cost, &mut self.splice);
             }
             if spans.choices.is_none() {
                 empty_choices(data, &mut self.splice);

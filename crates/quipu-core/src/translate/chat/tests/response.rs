@@ -111,6 +111,9 @@ fn the_cost_is_the_charge_of_the_usage_shown() {
         v["usage"],
         json!({"prompt_tokens":5,"cost":0.000009,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}})
     );
+    // Counts it cannot read: no cost of Quipu's, and not the upstream's either.
+    let v = non_stream_usage(r#"{"prompt_tokens":"many","cost":3}"#, "");
+    assert_eq!(v["usage"], json!({"prompt_tokens":"many"}));
     // A completion without a usage object is answered without one: nothing to add a cost to.
     let v = non_stream_usage("null", "");
     assert_eq!(v["usage"], Value::Null);

@@ -357,6 +357,19 @@ fn the_usage_chunk_after_the_finish_carries_the_cost_the_stream_bills() {
     let (frames, _, t) = run(&[s.as_bytes()], true, ReasoningField::Both);
     assert_eq!(frames[1]["usage"]["cost"], json!(0.000007));
     assert_eq!(t.usage().completion_tokens, 1);
+    // So does a stream that then fails, or ends without `[DONE]`.
+    for end in ["data: {not json\n\n", ""] {
+        let s = [
+            content_chunk("a", Some("stop")),
+            usage_chunk(3, 1),
+            content_chunk("late", None),
+            end.to_owned(),
+        ]
+        .concat();
+        let (frames, _, t) = run(&[s.as_bytes()], true, ReasoningField::Both);
+        assert_eq!(frames[1]["usage"]["cost"], json!(0.000007));
+        assert_eq!(t.usage().completion_tokens, 1, "{end:?}: {frames:?}");
+    }
     let s = [
         content_chunk("a", Some("stop")),
         usage_chunk(3, 1),
