@@ -193,11 +193,19 @@ fn usage_edits(
             added.extend_from_slice(b",\"cost\":");
             added.extend_from_slice(cost.json_number().to_string().as_bytes());
         }
-        (None, Some(value)) => {
-            if let Some(member) = member_range(src, value) {
-                splice.replace(member, b"");
+        // Removed: in its place the members to add, if any (an object it was alone in stays
+        // valid JSON), else with its comma.
+        (None, Some(value)) => match key_range(src, value.clone()) {
+            Some(key) if !added.is_empty() => {
+                splice.replace(key.start..value.end, &added[1..]);
+                added.clear();
             }
-        }
+            _ => {
+                if let Some(member) = member_range(src, value) {
+                    splice.replace(member, b"");
+                }
+            }
+        },
         (None, None) => {}
     }
     if added.is_empty() {

@@ -342,6 +342,14 @@ fn the_usage_chunk_after_the_finish_carries_the_cost_the_stream_bills() {
     );
     let (relayed, _, _) = run(&[interim.as_bytes()], true, ReasoningField::Both);
     assert_eq!(relayed[0]["usage"].get("cost"), None, "{relayed:?}");
+    // Alone in its object, with the cached count to add: replaced by it, still valid JSON.
+    let alone = "data: {\"choices\":[],\"usage\":{\"cost\":2}}\n\n";
+    let (relayed, _, _) = run(&[alone.as_bytes()], true, ReasoningField::Both);
+    assert_eq!(
+        relayed[0]["usage"],
+        json!({"prompt_tokens_details":{"cached_tokens":0}}),
+        "{relayed:?}"
+    );
     let shown = &frames[3]["usage"]["cost"];
     assert_eq!(shown, &json!(0.000011));
     assert_eq!(terms.cost(t.usage()), Pen::from_picos(11_000_000));
