@@ -130,6 +130,7 @@ fn messages_ctx() -> ResponseContext {
         slug: "aguila".into(),
         upstream_model: UPSTREAM_MODEL.into(),
         tool_name_map: vec![(shorten_tool_name(LONG_TOOL), LONG_TOOL.into())],
+        charging: quipu_core::testing::charging(),
     }
 }
 
@@ -141,6 +142,7 @@ fn chat_ctx() -> ResponseContext {
         upstream_model: UPSTREAM_MODEL.into(),
         // Chat requests never shorten tool names (longer ones are a 400).
         tool_name_map: Vec::new(),
+        charging: quipu_core::testing::charging(),
     }
 }
 
@@ -347,6 +349,67 @@ fn every_split_gives_identical_output() {
             assert_same(&format!("{label}/bytewise"), &run(format, &bytes), &whole);
         }
     }
+}
+
+/// The `cost` members written in `out`, as written (a quoted `"cost":` inside a string is
+/// escaped, `\"cost\":`, so it is not one).
+fn costs_written(out: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(out).unwrap();
+    text.match_indices("\"cost\":")
+        .filter(|(at, _)| !text[..*at].ends_with('\\'))
+        .map(|(at, key)| {
+            text[at + key.len()..]
+                .chars()
+                .take_while(|c| !matches!(c, ',' | '}'))
+                .collect()
+        })
+        .collect()
+}
+
+/// A JSON number as `Pen::json_number` writes it: digits, at most 12 decimals, no trailing
+/// zero, no sign, no exponent.
+fn is_exact_decimal(n: &str) -> bool {
+    let (whole, frac) = n.split_once('.').unwrap_or((n, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    !whole.is_empty()
+        && digits(whole)
+        && digits(frac)
+        && (whole == "0" || !whole.starts_with('0'))
+        && frac.len() <= 12
+        && n.contains('.') != frac.is_empty()
+        && !frac.ends_with('0')
+}
+
+/// The cost on every answer: wherever a format writes its final usage — `message_delta`, the
+/// Responses API's terminal object (`response.failed` included), the chat usage chunk after the
+/// finish when asked for — it carries `cost`, and the last one written is the charge of the
+/// usage the stream bills, which is what the settlement records.
+#[test]
+fn every_cost_written_is_the_charge_of_the_usage_billed() {
+    let terms = quipu_core::testing::charging();
+    let mut shown = 0;
+    for (case, input) in cases() {
+        for format in &formats() {
+            let label = format!("{}/{case}", format.name);
+            let r = run(format, &[&input]);
+            let costs = costs_written(&r.out);
+            let want = match (format.name, r.end) {
+                ("messages", StreamEnd::Complete) | ("responses", _) => 1,
+                ("messages" | "chat", _) => 0,
+                // One per usage chunk after the finish: the upstream's to send.
+                _ => costs.len(),
+            };
+            assert_eq!(costs.len(), want, "{label}: {costs:?}");
+            for c in &costs {
+                assert!(is_exact_decimal(c), "{label}: {c} is not an exact decimal");
+            }
+            if let Some(last) = costs.last() {
+                assert_eq!(*last, terms.cost(r.usage).to_json_number(), "{label}");
+                shown += 1;
+            }
+        }
+    }
+    assert!(shown > 60, "only {shown} answers carried a cost");
 }
 
 /// Every format is fuzzed: for each variant of [`ClientFormat`], its request and stream

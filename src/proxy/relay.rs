@@ -12,8 +12,8 @@
 //! being sent to the first body byte (the response header comes within the same deadline), then
 //! `idle_ms` between chunks. Retries on another replica share the deadline of the request they retry.
 
-use super::stream;
 use super::{queue, Failure, Gateway, Outcome, Reply, RequestCtx};
+use super::{settle, stream};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::h1::Method;
 use crate::http::client::{self, Call, UpstreamError, UpstreamResponse};
@@ -56,15 +56,23 @@ fn client_left(ctx: &mut RequestCtx) -> Failure {
 
 /// Consumes the request: once the upstream has answered nothing is resent, so its body (up to
 /// the body limit; coding agents send hundreds of KiB) is freed here instead of living as long
-/// as the response, and the names the response needs are moved, not copied.
+/// as the response, and the names the response needs are moved, not copied. The terms it is
+/// settled on go with them, for the `usage.cost` the answer writes (an unadmitted request,
+/// which never gets here, would settle nothing: cost 0).
 fn response_context(gw: &Gateway, ctx: &RequestCtx, req: UpstreamRequest) -> ResponseContext {
     let model = &gw.config.models[req.model];
+    let charging = ctx
+        .admitted
+        .as_ref()
+        .map(|a| settle::charging(a, req.model))
+        .unwrap_or_default();
     ResponseContext {
         request_id: ctx.request_id.clone(),
         client_model: req.client_model,
         slug: model.slug.clone(),
         upstream_model: model.upstream_model.clone(),
         tool_name_map: req.tool_name_map,
+        charging,
     }
 }
 

@@ -2,9 +2,15 @@
 //! this applies it — the reservation replaced by the charge, the ledger row queued, the
 //! unbilled and estimated-input metrics counted — from `finish`, or from the context's `Drop`
 //! when a request task died before reaching it.
+//!
+//! The terms it settles on ([`charging`]) are the ones the response translators were given
+//! (`relay`), so the `usage.cost` an answer shows is this charge: both are
+//! [`policy::Charging`] applied to the usage the answer reports, which is what the relay
+//! leaves in `ctx.usage`.
 
-use super::ctx::RequestCtx;
+use super::ctx::{Admitted, RequestCtx};
 use crate::billing::policy;
+use crate::config::ModelId;
 use crate::metrics::m;
 use crate::store::{now_ms, LedgerRow};
 use crate::usage::Usage;
@@ -15,20 +21,32 @@ pub struct Settled {
     pub charge: crate::money::Pen,
 }
 
+/// The terms `admitted` is settled on, on `model`: its prices, the reservation, the quote's
+/// input estimate. Given to the translators for the cost they write, and used here.
+pub fn charging(admitted: &Admitted, model: ModelId) -> policy::Charging {
+    policy::Charging {
+        prices: admitted.books.config.models[model].prices,
+        reserved: admitted.reservation.amount,
+        input_estimate: admitted.input_estimate,
+    }
+}
+
 /// Takes the request's reservation, bills its usage (see [`policy::settle`]) and queues its
 /// ledger row. `None` if nothing was reserved (the request never reached admission).
 pub fn settle_request(ctx: &mut RequestCtx) -> Option<Settled> {
     let admitted = ctx.admitted.take()?;
-    let books = admitted.books;
     let (Some(caller), Some(model_id)) = (ctx.caller.clone(), ctx.model) else {
-        books
+        admitted
+            .books
             .accounts
             .settle(admitted.reservation, crate::money::Pen::ZERO);
         return None;
     };
+    let terms = charging(&admitted, model_id);
+    let books = admitted.books;
     let model = &books.config.models[model_id];
-    let reserved = admitted.reservation.amount;
-    let s = policy::settle(ctx.usage, admitted.input_estimate, &model.prices, reserved);
+    let reserved = terms.reserved;
+    let s = terms.settle(ctx.usage);
     let charge = books.accounts.settle(admitted.reservation, s.charge);
     debug_assert_eq!(
         charge, s.charge,

@@ -27,7 +27,9 @@
 )]
 
 use criterion::{criterion_group, BatchSize, BenchmarkId, Criterion, Throughput};
+use quipu_core::billing::{Charging, Prices};
 use quipu_core::config::ReasoningField;
+use quipu_core::money::{Pen, Rate};
 use quipu_core::sse::{SseDecoder, SseError};
 use quipu_core::translate::chat::ChatStream;
 use quipu_core::translate::messages::{
@@ -341,6 +343,15 @@ impl Translator {
             slug: "aguila".into(),
             upstream_model: UPSTREAM_MODEL.into(),
             tool_name_map: Vec::new(),
+            charging: Charging {
+                prices: Prices {
+                    input: Rate::parse("1.00").unwrap_or_default(),
+                    cached: Rate::parse("0.25").unwrap_or_default(),
+                    output: Rate::parse("4.00").unwrap_or_default(),
+                },
+                reserved: Pen::from_centimos(100),
+                input_estimate: 20,
+            },
         };
         match self {
             Translator::Chat => Box::new(ChatStream::new(ctx, false, ReasoningField::Both)),

@@ -8,7 +8,8 @@
 //!
 //! Only display rounds: [`Pen::format_soles`] shows céntimos (`S/ 1,234.56`, the es-PE CLDR
 //! pattern, pinned here rather than read from locale data), rounding half away from zero.
-//! [`Pen::to_decimal`] prints the exact value.
+//! [`Pen::to_decimal`] prints the exact value; [`Pen::json_number`] writes it as a JSON number
+//! (the `usage.cost` of every answer), never through a float.
 
 use std::fmt;
 use std::ops::{Add, AddAssign, Neg, Sub, SubAssign};
@@ -129,20 +130,25 @@ impl Pen {
     /// [`Pen::to_decimal`] as a `Display`, for writing into a log line or a buffer without
     /// an intermediate `String`.
     pub fn decimal(self) -> ExactDecimal {
-        ExactDecimal(self)
+        ExactDecimal {
+            pen: self,
+            min_digits: 2,
+        }
     }
 
-    /// The value as a JSON number literal with no trailing zeros (`0.5`, `12`, `0.00000105`),
-    /// for the catalog's numeric fields.
+    /// The exact value as a JSON number literal with no trailing zeros (`0.5`, `12`, `0`,
+    /// `0.0000026`): at most [`SCALE_DIGITS`] decimals, no exponent, no float on the way. As a
+    /// `Display` (for a byte buffer) and a `Serialize` (for a typed answer).
+    pub fn json_number(self) -> ExactDecimal {
+        ExactDecimal {
+            pen: self,
+            min_digits: 0,
+        }
+    }
+
+    /// [`Pen::json_number`] as a string, for the catalog's numeric fields.
     pub fn to_json_number(self) -> String {
-        let mut s = self.to_decimal();
-        while s.ends_with('0') {
-            s.pop();
-        }
-        if s.ends_with('.') {
-            s.pop();
-        }
-        s
+        self.json_number().to_string()
     }
 
     /// `S/ 1,234.56`: céntimos, half away from zero, comma grouping, `-S/ 1.00` when negative.
@@ -223,13 +229,17 @@ impl fmt::Display for Pen {
     }
 }
 
-/// The exact decimal form of an amount (see [`Pen::decimal`]).
+/// The exact decimal form of an amount, with the fewest decimals but `min_digits` (see
+/// [`Pen::decimal`], [`Pen::json_number`]).
 #[derive(Clone, Copy, Debug)]
-pub struct ExactDecimal(Pen);
+pub struct ExactDecimal {
+    pen: Pen,
+    min_digits: usize,
+}
 
 impl fmt::Display for ExactDecimal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v = self.0 .0;
+        let v = self.pen.0;
         if v < 0 {
             f.write_str("-")?;
         }
@@ -237,16 +247,30 @@ impl fmt::Display for ExactDecimal {
         let whole = abs / SCALE as u128;
         // Below 10^12, so it fits a u64 and formats without 128-bit divisions.
         let mut frac = (abs % SCALE as u128) as u64;
-        // Fewest decimals, at least two: drop trailing zeros of the 12-digit fraction.
+        // Fewest decimals, at least `min_digits`: drop trailing zeros of the 12-digit fraction.
         let mut digits = SCALE_DIGITS as usize;
-        while digits > 2 && frac % 10 == 0 {
+        while digits > self.min_digits && frac % 10 == 0 {
             frac /= 10;
             digits -= 1;
         }
         match u64::try_from(whole) {
-            Ok(w) => write!(f, "{w}.{frac:0digits$}"),
-            Err(_) => write!(f, "{whole}.{frac:0digits$}"),
+            Ok(w) => write!(f, "{w}")?,
+            Err(_) => write!(f, "{whole}")?,
         }
+        if digits > 0 {
+            write!(f, ".{frac:0digits$}")?;
+        }
+        Ok(())
+    }
+}
+
+impl serde::Serialize for ExactDecimal {
+    /// A JSON number written as is (an exact decimal is not an `f64`): through a raw value,
+    /// one small allocation, for the few amounts an answer carries.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let raw = serde_json::value::RawValue::from_string(self.to_string())
+            .map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
     }
 }
 
@@ -408,5 +432,22 @@ mod tests {
                 .to_json_number(),
             "0.000001"
         );
+        assert_eq!(Pen::ZERO.to_json_number(), "0");
+        assert_eq!(Pen::from_picos(2_600_000).to_json_number(), "0.0000026");
+        assert_eq!(Pen::from_picos(1).to_json_number(), "0.000000000001");
+        assert_eq!(
+            Pen::from_picos(SCALE * 7 + 1).to_json_number(),
+            "7.000000000001"
+        );
+        assert_eq!(Pen::from_picos(-SCALE / 2).to_json_number(), "-0.5");
+        // As a typed value's member: the same literal, a number for every JSON reader.
+        let member =
+            std::collections::BTreeMap::from([("cost", Pen::from_picos(2_600_000).json_number())]);
+        assert_eq!(
+            serde_json::to_string(&member).unwrap(),
+            r#"{"cost":0.0000026}"#
+        );
+        let typed = serde_json::to_string(&[Pen::ZERO.json_number()]).unwrap();
+        assert_eq!(typed, "[0]");
     }
 }

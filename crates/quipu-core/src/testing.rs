@@ -5,10 +5,29 @@
 //! Compiled for this crate's own tests and, for other crates, behind the `test-util` feature
 //! (a dev-dependency feature: the gateway never enables it).
 
+use crate::billing::{Charging, Prices};
 use crate::error::ApiError;
+use crate::money::{Pen, Rate};
 use crate::sse::SseDecoder;
 use crate::translate::{feed_stream, finish_stream, StreamEnd, StreamTranslator};
 use crate::usage::Usage;
+
+/// The terms the tests' answers are settled on: `aguila`'s prices in the embedded
+/// configuration (S/ 1.00, 0.25 and 4.00 per million input, cached and output tokens), a
+/// reservation of S/ 0.01 (a usage above about 2 500 output tokens is capped by it) and an
+/// input estimate of 20 tokens (billed when a stream reports no input).
+pub fn charging() -> Charging {
+    let rate = |r: &str| Rate::parse(r).unwrap_or_default();
+    Charging {
+        prices: Prices {
+            input: rate("1.00"),
+            cached: rate("0.25"),
+            output: rate("4.00"),
+        },
+        reserved: Pen::from_centimos(1),
+        input_estimate: 20,
+    }
+}
 
 /// What a stream translator made of one upstream response.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,12 +1,13 @@
 //! The chat format: the relay's invariants (UTF-8; every frame one `data: ` line holding JSON,
 //! with no repeated keys unless the upstream repeated some, or `[DONE]`; `[DONE]` ends every
 //! stream and nothing follows it; every `model` is the slug and no error frame names the
-//! upstream's model; usage only when asked; a failed stream's last frame before `[DONE]` is
+//! upstream's model; usage only when asked; a cost only on a usage frame after the finish, the
+//! last one the charge of the usage billed; a failed stream's last frame before `[DONE]` is
 //! the error) and, for a clean generated answer in any order, what a client accumulates per
 //! field and per tool-call index equals the non-streaming translation. The option bits choose
 //! `include_usage` and the reasoning field.
 
-use super::{base, Fuzzed, UPSTREAM_MODEL};
+use super::{base, check_cost, Fuzzed, UPSTREAM_MODEL};
 use crate::{parse_strict, sse_data, Generated};
 use quipu_core::config::ReasoningField;
 use quipu_core::testing::Replay;
@@ -39,7 +40,13 @@ impl Fuzzed for Chat {
                 parse_strict(&s).err().map(|e| fault_kind(&e))
             })
             .collect();
-        check_output_frames(&whole.out, whole.end, wants_usage, &faults)
+        let acc = check_output_frames(&whole.out, whole.end, wants_usage, &faults);
+        // An upstream fault (a repeated key) may hide the usage object from the relay's
+        // reading: then it is relayed as it came.
+        if let (Some(cost), true) = (&acc.last_cost, faults.is_empty()) {
+            check_cost(cost, whole);
+        }
+        acc
     }
 
     fn compare(g: &Generated, whole: &Replay, acc: Accumulated, flags: u8) {
@@ -88,11 +95,15 @@ impl Fuzzed for Chat {
         if g.usage_sent {
             assert_eq!(usage, plain_usage, "metered usage differs");
             if wants_usage {
-                assert_eq!(
-                    acc.usage.as_ref(),
-                    Some(&plain["usage"]),
-                    "usage frame differs"
-                );
+                // A usage chunk before the finish (wild) is relayed without a cost: the cost
+                // is the final usage's.
+                let mut want = plain["usage"].clone();
+                if acc.usage_before_finish {
+                    if let Some(u) = want.as_object_mut() {
+                        u.remove("cost");
+                    }
+                }
+                assert_eq!(acc.usage.as_ref(), Some(&want), "usage frame differs");
             }
         }
     }
@@ -110,6 +121,10 @@ pub struct Accumulated {
     unplaced_call: bool,
     finish: Value,
     usage: Option<Value>,
+    /// The last usage frame came before any finish reason.
+    usage_before_finish: bool,
+    /// The last `usage.cost` written.
+    last_cost: Option<Value>,
 }
 
 fn append(to: &mut String, v: &Value) {
@@ -178,9 +193,17 @@ fn check_output_frames(
             }
             Err(e) => panic!("frame data is not clean JSON ({e}): {data}"),
         };
-        if v.get("usage").is_some_and(|u| !u.is_null()) {
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             usage_frames += 1;
-            acc.usage = v.get("usage").cloned();
+            acc.usage = Some(u.clone());
+            acc.usage_before_finish = acc.finish.is_null();
+            if let Some(cost) = u.get("cost") {
+                assert!(
+                    !acc.finish.is_null() || !upstream_faults.is_empty(),
+                    "a cost before the finish: {data}"
+                );
+                acc.last_cost = Some(cost.clone());
+            }
         }
         if let Some(m) = v.get("model") {
             assert_eq!(m, "aguila", "a model other than the slug");

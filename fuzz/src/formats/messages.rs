@@ -1,12 +1,13 @@
 //! The messages format: always a valid event sequence (`message_start` first, dense indexes,
 //! one open block, `message_delta` then `message_stop` last — or a well-formed `error` event
 //! last, exactly when the stream failed, its message `error()`'s); the client's model name in
+//! `message_start`; `message_delta.usage.cost` the charge of the usage billed, and no cost in
 //! `message_start`; no error naming the upstream's model; a complete stream accumulates into a
 //! message (every tool input parses). Generated, clean and in order: the message the SDKs
 //! accumulate equals the non-streaming translation (usage included when the usage chunk was
 //! sent), or both fail with the same error.
 
-use super::{base, in_order_answer, Fuzzed, UPSTREAM_MODEL};
+use super::{base, check_cost, in_order_answer, Fuzzed, UPSTREAM_MODEL};
 use crate::Generated;
 use quipu_core::testing::Replay;
 use quipu_core::translate::messages::{accumulate_message, validate_event_sequence, Messages};
@@ -53,10 +54,17 @@ impl Fuzzed for Messages {
         }
         for f in &frames {
             match f["type"].as_str() {
-                Some("message_start") => assert_eq!(
-                    f["message"]["model"], "claude-sonnet-4-5",
-                    "message_start names another model"
-                ),
+                Some("message_start") => {
+                    assert_eq!(
+                        f["message"]["model"], "claude-sonnet-4-5",
+                        "message_start names another model"
+                    );
+                    assert!(
+                        f["message"]["usage"].get("cost").is_none(),
+                        "message_start's usage is not final: no cost"
+                    );
+                }
+                Some("message_delta") => check_cost(&f["usage"]["cost"], whole),
                 Some("error") => {
                     assert!(
                         !f.to_string().contains(UPSTREAM_MODEL),

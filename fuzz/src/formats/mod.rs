@@ -15,9 +15,10 @@
 //!   but `R`, the next one the format's option bits), or raw SSE bytes ([`raw_input`]), split
 //!   at fuzzer-chosen offsets. On any input the output, usage, end and error do not depend on
 //!   the splits, the stream is never left open, `error()` is set exactly when it failed, and
-//!   the format's own invariants hold ([`Fuzzed::check_output`]); generated, the upstream's
-//!   model name never reaches the client, and a clean answer is the same as the non-streaming
-//!   translation's ([`Fuzzed::compare`]).
+//!   the format's own invariants hold ([`Fuzzed::check_output`]), among them that the
+//!   `usage.cost` of the final usage is the charge of the usage the stream bills
+//!   ([`check_cost`]); generated, the upstream's model name never reaches the client, and a
+//!   clean answer is the same as the non-streaming translation's ([`Fuzzed::compare`]).
 
 mod chat;
 mod messages;
@@ -183,6 +184,19 @@ fn in_order_answer<F: Fuzzed>(g: &Generated, whole: &Replay, flags: u8) -> Optio
     }
 }
 
+/// The cost on every answer: `written`, a `usage.cost` read from the output, is the charge of
+/// the usage the stream bills (what the settlement records), as a JSON number.
+fn check_cost(written: &Value, whole: &Replay) {
+    let charge = quipu_core::testing::charging().cost(whole.usage);
+    let want: Value = serde_json::from_str(&charge.to_json_number()).expect("a JSON number");
+    assert!(written.is_number(), "usage.cost is not a number: {written}");
+    assert_eq!(
+        written, &want,
+        "usage.cost is not the charge of the usage billed ({:?})",
+        whole.usage
+    );
+}
+
 /// The base context of every format's answer.
 fn base(client_model: &str) -> quipu_core::translate::ResponseContext {
     quipu_core::translate::ResponseContext {
@@ -191,5 +205,6 @@ fn base(client_model: &str) -> quipu_core::translate::ResponseContext {
         slug: "aguila".into(),
         upstream_model: UPSTREAM_MODEL.into(),
         tool_name_map: Vec::new(),
-    }
+        charging: quipu_core::testing::charging(),
+}
 }

@@ -3,11 +3,12 @@
 //! and reads back as items). Streams: always a valid numbered event sequence
 //! (`response.created` and `response.in_progress` first, dense output indexes, one open item,
 //! `.done` texts equal to their deltas, one terminal event last whose output is the finished
-//! items, `failed` exactly when the stream failed); no upstream model name; a finished stream
+//! items, `failed` exactly when the stream failed, its `usage.cost` the charge of the usage
+//! billed); no upstream model name; a finished stream
 //! accumulates. Generated, clean and in order: the same answer as the non-streaming
 //! translation (output and status), or both fail with the same error.
 
-use super::{base, in_order_answer, Fuzzed, UPSTREAM_MODEL};
+use super::{base, check_cost, in_order_answer, Fuzzed, UPSTREAM_MODEL};
 use crate::Generated;
 use quipu_core::testing::Replay;
 use quipu_core::translate::responses::request::parse_items;
@@ -76,6 +77,7 @@ impl Fuzzed for Responses {
             !shown().contains(UPSTREAM_MODEL),
             "the upstream model name leaked"
         );
+        check_cost(&last["usage"]["cost"], whole);
         if whole.end == StreamEnd::Complete {
             let acc = accumulate_response(&whole.out).unwrap_or_else(|e| {
                 panic!("a complete stream does not accumulate: {e}\n{}", shown())

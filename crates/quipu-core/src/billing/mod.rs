@@ -35,7 +35,7 @@ pub mod settle;
 
 pub use price::Prices;
 pub use quote::{quote, PromptSize, Quote};
-pub use settle::{settle, Settlement};
+pub use settle::{settle, Charging, Settlement};
 
 /// Prices and usages for the policy's tests.
 #[cfg(test)]

@@ -13,6 +13,13 @@
 //! - **Storable bounds**: a count above [`MAX_TOKENS`] (no model has such a context; only a
 //!   broken upstream reports it) is clamped to it, and `unbilled` to what a ledger row holds
 //!   (`i64` pico-soles), so a broken report cannot produce a row the store refuses.
+//!
+//! **The cost on every answer.** What settling needs besides the usage is fixed at admission
+//! ([`Charging`]: the model's prices, the reservation, the quote's input estimate). The
+//! translators are given it and write [`Charging::cost`] of the usage they report as
+//! `usage.cost`; the settlement applies [`Charging::settle`] to the same usage, so the answer's
+//! cost and the ledger row's charge are one function of one input, never two computations
+//! that could drift.
 
 use super::Prices;
 use crate::money::Pen;
@@ -64,6 +71,31 @@ pub fn settle(
         charge,
         unbilled,
         input_estimated,
+    }
+}
+
+/// What settling a request needs besides its usage, fixed when it is admitted: given to the
+/// response translators (the cost they write) and to the settlement (the charge it records).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Charging {
+    /// The model's prices.
+    pub prices: Prices,
+    /// What the request's reservation holds: no charge exceeds it.
+    pub reserved: Pen,
+    /// The quote's input estimate, billed when the upstream reports no input.
+    pub input_estimate: u64,
+}
+
+impl Charging {
+    /// [`settle`] with these terms.
+    pub fn settle(&self, reported: Option<Usage>) -> Settlement {
+        settle(reported, self.input_estimate, &self.prices, self.reserved)
+    }
+
+    /// What a request that used `usage` is charged: the `usage.cost` an answer shows, equal
+    /// to the ledger row of a request settled with that usage.
+    pub fn cost(&self, usage: Usage) -> Pen {
+        self.settle(Some(usage)).charge
     }
 }
 
@@ -138,5 +170,25 @@ mod tests {
         assert_eq!(s.usage, usage(MAX_TOKENS, MAX_TOKENS, MAX_TOKENS));
         assert_eq!(s.charge, Pen::from_centimos(1));
         assert_eq!(s.unbilled, Pen::from_picos(i128::from(i64::MAX)));
+    }
+
+    #[test]
+    fn the_cost_shown_is_the_settled_charge() {
+        let terms = Charging {
+            prices: prices(),
+            reserved: Pen::from_picos(50_000_000),
+            input_estimate: 40,
+        };
+        // Within the reservation, capped by it, and an unreported input estimated.
+        for u in [usage(10, 4, 3), usage(10_000, 0, 10_000), usage(0, 0, 5)] {
+            let s = settle(Some(u), 40, &prices(), Pen::from_picos(50_000_000));
+            assert_eq!(terms.cost(u), s.charge, "{u:?}");
+            assert_eq!(terms.settle(Some(u)), s);
+        }
+        assert_eq!(
+            terms.cost(usage(0, 0, 5)),
+            prices().charge(&usage(40, 0, 5))
+        );
+        assert_eq!(terms.cost(usage(10_000, 0, 10_000)), terms.reserved);
     }
 }

@@ -10,6 +10,7 @@
 //! all on this machine), far under the 2 µs budget, and no allocation more per event, because
 //! `serde_json` writes straight into the output buffer.
 
+use crate::money::Pen;
 use crate::usage::Usage;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
@@ -212,12 +213,34 @@ impl StopReason {
 
 /// The messages format's `usage`: input without the cached part, cache reads, output. Quipu
 /// never creates cache entries the client pays for, so `cache_creation_input_tokens` is 0.
+/// `cost` (soles, a JSON number: [`Pen::json_number`]) is the charge of the final usage — the
+/// message's and `message_delta`'s ([`UsageOut::with_cost`]), not `message_start`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct UsageOut {
     pub input_tokens: u64,
     pub cache_creation_input_tokens: u64,
     pub cache_read_input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "cost_number"
+    )]
+    pub cost: Option<Pen>,
+}
+
+impl UsageOut {
+    /// The final usage and its cost.
+    pub fn with_cost(u: &Usage, cost: Pen) -> Self {
+        UsageOut {
+            cost: Some(cost),
+            ..UsageOut::from(u)
+        }
+    }
+}
+
+/// `cost` as a JSON number (only called when present).
+fn cost_number<S: Serializer>(cost: &Option<Pen>, s: S) -> Result<S::Ok, S::Error> {
+    cost.map(Pen::json_number).serialize(s)
 }
 
 impl From<&Usage> for UsageOut {
@@ -227,6 +250,7 @@ impl From<&Usage> for UsageOut {
             cache_creation_input_tokens: 0,
             cache_read_input_tokens: u.cached(),
             output_tokens: u.completion_tokens,
+            cost: None,
         }
     }
 }
@@ -248,6 +272,7 @@ mod tests {
             cache_creation_input_tokens: 0,
             cache_read_input_tokens: 2,
             output_tokens: 1,
+            cost: None,
         };
         let start = StreamEvent::MessageStart {
             message: MessageStart {
@@ -306,6 +331,19 @@ mod tests {
         };
         assert!(frame(&end).starts_with(
             "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"FIN\"},\"usage\":{\"input_tokens\":3,"
+        ));
+        let priced = StreamEvent::MessageDelta {
+            delta: MessageDelta {
+                stop_reason: StopReason::EndTurn,
+                stop_sequence: None,
+            },
+            usage: UsageOut {
+                cost: Some(Pen::from_picos(2_600_000)),
+                ..usage
+            },
+        };
+        assert!(frame(&priced).ends_with(
+            "\"cache_read_input_tokens\":2,\"output_tokens\":1,\"cost\":0.0000026}}\n\n"
         ));
         assert_eq!(
             frame(&StreamEvent::MessageStop),

@@ -50,7 +50,7 @@ pub mod upstream_error;
 pub use format::{Format, Wire};
 pub use stream_core::{feed_stream, finish_stream, StreamEnd, StreamTranslator};
 
-use crate::billing::PromptSize;
+use crate::billing::{Charging, PromptSize};
 use crate::config::ModelId;
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 
@@ -125,6 +125,9 @@ pub struct ResponseContext {
     pub upstream_model: String,
     /// Shortened tool names to restore in responses: (upstream name, client name).
     pub tool_name_map: Vec<(String, String)>,
+    /// The terms the request is settled on: the `usage.cost` an answer writes is
+    /// [`Charging::cost`] of the usage it reports, the charge its ledger row will record.
+    pub charging: Charging,
 }
 
 /// `error` as a client may see it. Translator errors quote no upstream text of their own (see

@@ -7,6 +7,11 @@
 //!
 //! - **metering** ([`Metered`]): the usage the upstream reported, else one token per
 //!   fragment relayed since, so a stream cut before its usage chunk still bills what was sent;
+//! - **the cost** ([`Metered::bill`]): where a format writes the final usage (the held finish,
+//!   a failure's last frame, the chat format's usage chunk after the finish) it writes the
+//!   cost of that usage ([`Charging::cost`]), and that usage becomes what the stream bills
+//!   ([`StreamTranslator::usage`]): output an upstream sends after its final report (no known
+//!   server does) changes neither, so the ledger row always charges the last cost written;
 //! - **the held finish** ([`Core::hold`]): OpenAI-style servers send usage in a chunk after the
 //!   finish, so what the finish writes waits for it and is written
 //!   ([`StreamFormat::complete`]) when it comes, or at the end of the stream with the usage
@@ -24,7 +29,9 @@
 //! The formats that walk each chunk's parts (reasoning, text, tool calls) build their `chunk`
 //! on [`super::chunk_parts`]; the chat format relays chunks and only meters and holds.
 
+use crate::billing::Charging;
 use crate::error::{ApiError, ClientFormat};
+use crate::money::Pen;
 use crate::sse::{SseDecoder, SseError};
 use crate::translate::{malformed_stream, scrub_error, ResponseContext};
 use crate::usage::Usage;
@@ -61,7 +68,8 @@ pub trait StreamTranslator: Send {
     /// format without pings.
     fn pings(&self) -> bool;
     /// Tokens metered so far: the last usage the upstream reported, else counted from the
-    /// relayed deltas.
+    /// relayed deltas; once a cost was written, the usage it was written for
+    /// ([`Metered::bill`]). What the request is settled on.
     fn usage(&self) -> Usage;
     /// `Open` until a final frame has been written.
     fn end(&self) -> StreamEnd;
@@ -80,8 +88,18 @@ pub struct Metered {
     reported: Option<Usage>,
     /// Non-empty fragments since that report: the fallback count of output tokens.
     fragments_since_usage: u64,
+    /// The usage of the last cost written ([`Metered::bill`]): what the stream bills.
+    billed: Option<Usage>,
     /// An error that came with the finish, written once usage is known.
     held_error: Option<ApiError>,
+}
+
+/// The usage a format writes as final and its cost ([`Metered::bill`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Billed {
+    pub usage: Usage,
+    /// [`Charging::cost`] of `usage`: the `usage.cost` written, the ledger row's charge.
+    pub cost: Pen,
 }
 
 impl Metered {
@@ -96,14 +114,43 @@ impl Metered {
         self.fragments_since_usage = self.fragments_since_usage.saturating_add(fragments);
     }
 
-    /// The usage reported, plus a token for each fragment sent since.
+    /// What the stream bills: the usage of the last cost written, else [`Self::metered`].
     pub fn usage(&self) -> Usage {
+        self.billed.unwrap_or_else(|| self.metered())
+    }
+
+    /// The usage reported, plus a token for each fragment sent since.
+    pub fn metered(&self) -> Usage {
         let reported = self.reported.unwrap_or_default();
         Usage {
             completion_tokens: reported
                 .completion_tokens
                 .saturating_add(self.fragments_since_usage),
             ..reported
+        }
+    }
+
+    /// The usage metered now, to be written as the answer's usage with its cost: from here
+    /// on it is what the stream bills (until the next `bill`), so the cost written is the
+    /// ledger row's charge.
+    pub fn bill(&mut self, charging: &Charging) -> Billed {
+        let usage = self.metered();
+        self.billed = Some(usage);
+        Billed {
+            usage,
+            cost: charging.cost(usage),
+        }
+    }
+
+    /// The stream's final usage and its cost, at its end: the usage a cost was already
+    /// written for (the chat format's usage chunk), else [`Self::bill`] now.
+    fn final_bill(&mut self, charging: &Charging) -> Billed {
+        match self.billed {
+            Some(usage) => Billed {
+                usage,
+                cost: charging.cost(usage),
+            },
+            None => self.bill(charging),
         }
     }
 }
@@ -136,12 +183,14 @@ pub trait StreamFormat: Send {
         out: &mut Vec<u8>,
     ) -> Result<(), ApiError>;
 
-    /// The held finish, written now that the usage is known: the stream's last frames.
-    fn complete(&mut self, held: Self::Held, usage: Usage, out: &mut Vec<u8>);
+    /// The held finish, written now that the usage is known: the stream's last frames, with
+    /// `billed` (the usage and its cost) where the format reports usage.
+    fn complete(&mut self, held: Self::Held, billed: Billed, out: &mut Vec<u8>);
 
-    /// The frames of a failed stream's error (already scrubbed); `usage` is what was metered.
-    fn write_error(&mut self, error: &ApiError, usage: Usage, out: &mut Vec<u8>) {
-        let _ = usage;
+    /// The frames of a failed stream's error (already scrubbed); `billed` is what was metered
+    /// and its cost, for a format whose failure reports usage.
+    fn write_error(&mut self, error: &ApiError, billed: Billed, out: &mut Vec<u8>) {
+        let _ = billed;
         error.write_sse(Self::FORMAT, &self.context().request_id, out);
     }
 
@@ -208,7 +257,8 @@ impl<H> Core<H> {
     /// Writes the held finish, if any, and completes the stream.
     fn complete<F: StreamFormat<Held = H>>(&mut self, format: &mut F, out: &mut Vec<u8>) {
         if let Some(held) = self.held.take() {
-            format.complete(held, self.metered.usage(), out);
+            let billed = self.metered.final_bill(&format.context().charging);
+            format.complete(held, billed, out);
             self.end = StreamEnd::Complete;
         }
     }
@@ -241,8 +291,11 @@ impl<F: StreamFormat> Stream<F> {
 
     fn fail(&mut self, error: ApiError, out: &mut Vec<u8>) {
         let error = scrub_error(error, self.format.context());
-        self.format
-            .write_error(&error, self.core.metered.usage(), out);
+        let billed = self
+            .core
+            .metered
+            .final_bill(&self.format.context().charging);
+        self.format.write_error(&error, billed, out);
         self.core.error = Some(error);
         self.core.end = StreamEnd::Failed;
     }

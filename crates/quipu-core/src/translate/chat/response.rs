@@ -8,17 +8,23 @@
 //!   metering of cut-off streams) is nulled, so clients that add up chunk usage do not
 //!   over-count; the final usage-only chunk is dropped unless the client asked for it with
 //!   `stream_options.include_usage`;
+//! - the usage the client sees (the completion's, and the stream's usage-only chunk after the
+//!   finish) gets `prompt_tokens_details.cached_tokens` when the upstream left it out, and
+//!   `cost`: the charge of that usage in soles ([`crate::billing::Charging::cost`]), the
+//!   ledger row's. A completion the upstream sent without a usage object has none, so no cost;
+//!   a usage-only chunk before the finish (no known server sends one) is relayed without one.
 //! - reasoning text is exposed under the configured field name(s) (`reasoning`,
 //!   `reasoning_content` or both), whichever the upstream used;
 //! - an upstream `{"error":…}` object is re-rendered in the chat error shape (string `code`,
 //!   OpenAI `type`) and followed by `data: [DONE]`.
 
 use super::super::splice::{key_range, member_range, range_of, Splice};
-use super::super::stream_core::{Core, Stream, StreamFormat};
+use super::super::stream_core::{Billed, Core, Stream, StreamFormat};
 use super::super::upstream_error::{map_upstream_error, UpstreamFailure};
 use super::super::{json_failure, malformed_stream, scrub_error, ResponseContext};
 use crate::config::ReasoningField;
 use crate::error::{write_json_str, ApiError, ClientFormat};
+use crate::money::Pen;
 use crate::sse::{write_data_frame, DONE_FRAME};
 use crate::usage::{UpstreamTimings, UpstreamUsage, Usage};
 use serde::Deserialize;
@@ -128,48 +134,91 @@ fn parse_usage(raw: Option<&RawValue>, timings: Option<&UpstreamTimings>) -> Opt
         .map(|u| (u.to_usage(timings), u.reports_cached_tokens()))
 }
 
-/// `prompt_tokens_details` of a usage object, as a span (`null` included).
+/// The members of a usage object Quipu writes, as spans (`null` included).
 #[derive(Deserialize)]
 struct UsageSpans<'a> {
     #[serde(borrow, default, deserialize_with = "present_raw")]
     prompt_tokens_details: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    cost: Option<&'a RawValue>,
 }
 
-/// Gives a usage object the client sees `prompt_tokens_details.cached_tokens`, which a chat
-/// answer from Quipu always has (docs/design.md, usage semantics): vLLM without `--enable-prompt-tokens-details` sends `null`
-/// there, SGLang and llama.cpp often leave it out. The count written is the one billed
-/// (llama.cpp's `timings.cache_n` when that is where the upstream put it). Only called for a
-/// usage object without the count, so a complete one is relayed byte for byte.
-fn add_cached_tokens(src: &[u8], usage: &RawValue, billed: &Usage, splice: &mut Splice) {
+/// The edits of a usage object the client sees (docs/design.md, usage semantics):
+///
+/// - `prompt_tokens_details.cached_tokens`, which a chat answer from Quipu always has, when
+///   the object lacks it (`details`: the count to write): vLLM without
+///   `--enable-prompt-tokens-details` sends `null` there, SGLang and llama.cpp often leave it
+///   out. The count written is the one billed (llama.cpp's `timings.cache_n` when that is
+///   where the upstream put it);
+/// - `cost`, when given: the answer's cost in soles, a JSON number, replacing a `cost` the
+///   upstream may have written (its money is not the tenant's); when not, such a `cost` is
+///   removed.
+///
+/// The rest of the object is relayed byte for byte; members are added at its end.
+fn usage_edits(
+    src: &[u8],
+    usage: &RawValue,
+    details: Option<u64>,
+    cost: Option<Pen>,
+    splice: &mut Splice,
+) {
     let Some(range) = range_of(src, usage) else {
         return;
     };
     let Ok(spans) = serde_json::from_str::<UsageSpans>(usage.get()) else {
         return;
     };
-    let mut details = Vec::with_capacity(40);
-    details.extend_from_slice(b"{\"cached_tokens\":");
-    details.extend_from_slice(billed.cached().to_string().as_bytes());
-    details.push(b'}');
-    match spans.prompt_tokens_details.and_then(|d| range_of(src, d)) {
-        // `null`, or an object without the count: replaced whole.
-        Some(value) => splice.replace(value, &details),
-        None => {
-            let body = &src[range.clone()];
-            let Some(close) = body.iter().rposition(|&b| b == b'}') else {
-                return;
-            };
-            let empty = body[1..close].iter().all(u8::is_ascii_whitespace);
-            let mut member = Vec::with_capacity(details.len() + 26);
-            if !empty {
-                member.push(b',');
+    // Members added at the end of the object, each with its leading comma.
+    let mut added = Vec::new();
+    if let Some(cached) = details {
+        let mut details = Vec::with_capacity(40);
+        details.extend_from_slice(b"{\"cached_tokens\":");
+        details.extend_from_slice(itoa::Buffer::new().format(cached).as_bytes());
+        details.push(b'}');
+        match spans.prompt_tokens_details.and_then(|d| range_of(src, d)) {
+            // `null`, or an object without the count: replaced whole.
+            Some(value) => splice.replace(value, &details),
+            None => {
+                added.extend_from_slice(b",\"prompt_tokens_details\":");
+                added.extend_from_slice(&details);
             }
-            member.extend_from_slice(b"\"prompt_tokens_details\":");
-            member.extend_from_slice(&details);
-            let at = range.start + close;
-            splice.replace(at..at, &member);
         }
     }
+    let upstream_cost = spans.cost.and_then(|c| range_of(src, c));
+    match (cost, upstream_cost) {
+        (Some(cost), Some(value)) => {
+            splice.replace(value, cost.json_number().to_string().as_bytes());
+        }
+        (Some(cost), None) => {
+            added.extend_from_slice(b",\"cost\":");
+            added.extend_from_slice(cost.json_number().to_string().as_bytes());
+        }
+        // Removed: in its place the members to add, if any (an object it was alone in stays
+        // valid JSON), else with its comma.
+        (None, Some(value)) => match key_range(src, value.clone()) {
+            Some(key) if !added.is_empty() => {
+                splice.replace(key.start..value.end, &added[1..]);
+                added.clear();
+            }
+            _ => {
+                if let Some(member) = member_range(src, value) {
+                    splice.replace(member, b"");
+                }
+            }
+        },
+        (None, None) => {}
+    }
+    if added.is_empty() {
+        return;
+    }
+    let body = &src[range.clone()];
+    let Some(close) = body.iter().rposition(|&b| b == b'}') else {
+        return;
+    };
+    let empty = body[1..close].iter().all(u8::is_ascii_whitespace);
+    let members = if empty { &added[1..] } else { &added[..] };
+    let at = range.start + close;
+    splice.replace(at..at, members);
 }
 
 /// Adds splice edits that expose reasoning under the configured field names.
@@ -293,8 +342,14 @@ fn completion_to_chat(
     if let Some(r) = spans.model.and_then(|m| range_of(upstream_body, m)) {
         splice.replace(r, &slug_json(&ctx.slug));
     }
-    if let (Some(raw), Some((billed, false))) = (spans.usage, parsed) {
-        add_cached_tokens(upstream_body, raw, &billed, &mut splice);
+    if let Some(raw) = spans.usage {
+        // An object that is not a usage (its counts unreadable) gets neither, only loses an
+        // upstream's `cost`.
+        let (details, cost) = parsed.map_or((None, None), |(billed, cached)| {
+            let details = (!cached).then(|| billed.cached());
+            (details, Some(ctx.charging.cost(billed)))
+        });
+        usage_edits(upstream_body, raw, details, cost, &mut splice);
     }
     for c in choices {
         if let Some(m) = &c.message {
@@ -397,7 +452,7 @@ impl StreamFormat for ChatWriter {
     }
 
     /// Some servers close without `[DONE]` after the final chunk: complete it.
-    fn complete(&mut self, _held: (), _usage: Usage, out: &mut Vec<u8>) {
+    fn complete(&mut self, _held: (), _billed: Billed, out: &mut Vec<u8>) {
         out.extend_from_slice(DONE_FRAME);
     }
 }
@@ -431,8 +486,15 @@ impl ChatWriter {
             self.splice.replace(r, &self.slug_json);
         }
         if choices.is_empty() {
-            if let (Some(raw), Some((billed, false))) = (spans.usage, parsed) {
-                add_cached_tokens(data, raw, &billed, &mut self.splice);
+            if let Some(raw) = spans.usage {
+                // The usage chunk after the finish: the final usage, with its cost, which from
+                // here on is what the stream bills. (Unreadable counts: no cost, only an
+                // upstream's `cost` removed.)
+                let details =
+                    parsed.and_then(|(billed, cached)| (!cached).then(|| billed.cached()));
+                let cost = (parsed.is_some() && core.finished())
+                    .then(|| core.metered.bill(&self.ctx.charging).cost);
+                usage_edits(data, raw, details, cost, &mut self.splice);
             }
             if spans.choices.is_none() {
                 empty_choices(data, &mut self.splice);

@@ -126,7 +126,7 @@ fn completion_to_message(
             StopReason::StopSequence => matched,
             _ => None,
         },
-        usage: UsageOut::from(&usage),
+        usage: UsageOut::with_cost(&usage, ctx.charging.cost(usage)),
     };
     let out = serde_json::to_vec(&message)
         .map_err(|e| malformed_response(&json_failure("the message", &e)))?;

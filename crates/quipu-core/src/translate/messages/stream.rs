@@ -37,9 +37,10 @@
 //!    `message_delta` is held until the usage-only chunk (`choices` empty, missing or null)
 //!    arrives, because OpenAI-style servers send usage after the finish. Then `message_delta`
 //!    (stop reason, matched stop sequence, full usage) and `message_stop`. `[DONE]` or
-//!    end-of-stream without a usage chunk releases it with the usage known so far. Quipu never
-//!    writes `[DONE]`. A call whose arguments are still incomplete at the finish is an error
-//!    instead: with `finish_reason` `length`, a 400-class `invalid_request_error` saying
+//!    end-of-stream without a usage chunk releases it with the usage known so far.
+//!    `message_delta.usage.cost` is that usage's charge, the ledger row's (the stream core's
+//!    [`Billed`]); `message_start`'s usage has no cost. Quipu never writes `[DONE]`. A call
+//!    whose arguments are still incomplete at the finish is an error instead: with `finish_reason` `length`, a 400-class `invalid_request_error` saying
 //!    `max_tokens` was reached inside the call; otherwise the malformed-arguments error.
 //! 6. Failure — a mid-stream `{"error":…}`, an unreadable chunk, malformed tool arguments, a
 //!    stream that ends before any finish reason, or [`on_failure`] — writes one `event:
@@ -64,7 +65,7 @@ use crate::protocol::anthropic_out::{
 use crate::protocol::upstream::ChunkChoice;
 use crate::translate::chunk_parts::{self, ChunkParts};
 use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
-use crate::translate::stream_core::{Core, Stream, StreamFormat};
+use crate::translate::stream_core::{Billed, Core, Stream, StreamFormat};
 use crate::translate::tool_calls::{CallBlocks, ToolCalls, Whitespace};
 use crate::translate::ResponseContext;
 use crate::usage::Usage;
@@ -252,13 +253,13 @@ impl StreamFormat for MessagesWriter {
     }
 
     /// `message_delta` with the held stop reason and the usage known, then `message_stop`.
-    fn complete(&mut self, held: Held, usage: Usage, out: &mut Vec<u8>) {
+    fn complete(&mut self, held: Held, billed: Billed, out: &mut Vec<u8>) {
         StreamEvent::MessageDelta {
             delta: MessageDelta {
                 stop_reason: held.stop,
                 stop_sequence: held.stop_sequence.as_deref(),
             },
-            usage: UsageOut::from(&usage),
+            usage: UsageOut::with_cost(&billed.usage, billed.cost),
         }
         .write(out);
         StreamEvent::MessageStop.write(out);

@@ -6,7 +6,8 @@
 //! The object, in this key order: `id`, `object` (`"response"`), `created_at`, `status`
 //! (`in_progress`, `completed`, `incomplete`, `failed`), `background` (`false`), `error`
 //! (`{code, message}` when failed), `incomplete_details` (`{reason}` when incomplete), `model`
-//! (the slug), `output`, `usage`, then the request's echo ([`super::ResponsesContext::echo`]).
+//! (the slug), `output`, `usage` (with its `cost`, the ledger row's charge; `null` while in
+//! progress), then the request's echo ([`super::ResponsesContext::echo`]).
 //!
 //! Items:
 //! - `{"id":"rs_…","type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":…}],
@@ -21,7 +22,9 @@
 
 use super::{ResponsesContext, REASONING_PREFIX};
 use crate::error::{json_inner, write_json_str, ApiError, ErrorKind};
+use crate::money::Pen;
 use crate::usage::Usage;
+use std::io::Write as _;
 
 /// Where a response ended up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,12 +80,14 @@ impl ItemStatus {
     }
 }
 
-/// Token counts as the response reports them.
+/// Token counts as the response reports them, and their cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Totals {
     pub usage: Usage,
     /// The part of `usage.completion_tokens` that was reasoning.
     pub reasoning_tokens: u64,
+    /// The charge of `usage` ([`crate::billing::Charging::cost`]): the ledger row's.
+    pub cost: Pen,
 }
 
 /// Reasoning tokens: the upstream's count (`completion_tokens_details.reasoning_tokens`) when
@@ -105,7 +110,8 @@ pub fn reasoning_tokens(
 }
 
 /// `{"input_tokens":…,"input_tokens_details":{"cached_tokens":…,"cache_write_tokens":0},
-/// "output_tokens":…,"output_tokens_details":{"reasoning_tokens":…},"total_tokens":…}`.
+/// "output_tokens":…,"output_tokens_details":{"reasoning_tokens":…},"total_tokens":…,
+/// "cost":…}` (`cost` in soles, a JSON number: [`Pen::json_number`]).
 pub fn write_usage(out: &mut Vec<u8>, t: &Totals) {
     let mut n = itoa::Buffer::new();
     out.extend_from_slice(b"{\"input_tokens\":");
@@ -118,6 +124,9 @@ pub fn write_usage(out: &mut Vec<u8>, t: &Totals) {
     out.extend_from_slice(n.format(t.reasoning_tokens).as_bytes());
     out.extend_from_slice(b"},\"total_tokens\":");
     out.extend_from_slice(n.format(t.usage.total()).as_bytes());
+    out.extend_from_slice(b",\"cost\":");
+    // Writing into a `Vec` cannot fail.
+    let _ = write!(out, "{}", t.cost.json_number());
     out.push(b'}');
 }
 

@@ -109,6 +109,7 @@ fn completion_to_response(
             reasoning_bytes,
             output_bytes,
         ),
+        cost: ctx.base.charging.cost(usage),
     };
 
     let count = u32::from(reasoning.is_some()) + u32::from(text.is_some()) + calls.len() as u32;

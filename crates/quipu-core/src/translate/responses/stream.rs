@@ -30,7 +30,9 @@
 //!    `response.completed` — or `response.incomplete` (`length` → `max_output_tokens`, the
 //!    last item `incomplete`; `content_filter`) — with the whole response object: every output
 //!    item and the usage. `[DONE]` or the end of the stream without a usage chunk releases it
-//!    with the usage known so far. A call cut off inside its arguments by `length` is an
+//!    with the usage known so far. The usage carries its `cost`, the ledger row's charge (the
+//!    stream core's [`Billed`]); `response.failed` (below) carries the usage metered and its
+//!    cost the same way. A call cut off inside its arguments by `length` is an
 //!    `incomplete` item; with another finish reason its arguments are malformed (below).
 //! 4. Failure — a mid-stream `{"error":…}`, an unreadable chunk, malformed tool arguments, a
 //!    finish the upstream gives for a failed generation (`abort`, `error`, unknown), a stream
@@ -61,7 +63,7 @@ use crate::protocol::upstream::{ChatChunk, ChunkChoice};
 use crate::translate::chunk_parts::{self, ChunkParts};
 use crate::translate::common::finish::{incomplete_tool_arguments, stop_reason, StopReason};
 use crate::translate::json_scan::Scan;
-use crate::translate::stream_core::{Core, Stream, StreamFormat};
+use crate::translate::stream_core::{Billed, Core, Stream, StreamFormat};
 use crate::translate::tool_calls::{CallBlocks, ToolCalls, Whitespace};
 use crate::translate::ResponseContext;
 use crate::usage::Usage;
@@ -152,7 +154,8 @@ impl ResponsesWriter {
         out.extend_from_slice(itoa::Buffer::new().format(self.open_index).as_bytes());
     }
 
-    fn totals(&self, usage: Usage) -> Totals {
+    fn totals(&self, billed: Billed) -> Totals {
+        let usage = billed.usage;
         Totals {
             usage,
             reasoning_tokens: reasoning_tokens(
@@ -161,26 +164,24 @@ impl ResponsesWriter {
                 self.reasoning_bytes,
                 self.output_bytes,
             ),
+            cost: billed.cost,
         }
     }
 
-    /// A lifecycle event carrying the response object; `usage` is what was metered (not shown
-    /// while the response is in progress).
+    /// A lifecycle event carrying the response object; `billed` is the final usage and its
+    /// cost (`None` while the response is in progress: `usage: null`).
     fn lifecycle(
         &mut self,
         out: &mut Vec<u8>,
         name: &str,
         status: Status,
         error: Option<&ApiError>,
-        usage: Usage,
+        billed: Option<Billed>,
     ) {
         self.event(out, name);
         out.extend_from_slice(b",\"response\":");
         let at = out.len();
-        let totals = match status {
-            Status::InProgress => None,
-            _ => Some(self.totals(usage)),
-        };
+        let totals = billed.map(|b| self.totals(b));
         write_object(out, &self.ctx, status, error, &self.output, totals.as_ref());
         if self.ctx.keep_object && status != Status::InProgress {
             self.object = Some(out[at..].to_vec());
@@ -194,9 +195,8 @@ impl ResponsesWriter {
             return;
         }
         self.started = true;
-        let none = Usage::default();
-        self.lifecycle(out, "response.created", Status::InProgress, None, none);
-        self.lifecycle(out, "response.in_progress", Status::InProgress, None, none);
+        self.lifecycle(out, "response.created", Status::InProgress, None, None);
+        self.lifecycle(out, "response.in_progress", Status::InProgress, None, None);
     }
 
     /// `response.output_item.added` for a new item; the caller writes the item, then closes.
@@ -379,22 +379,24 @@ impl StreamFormat for ResponsesWriter {
     }
 
     /// `response.completed` or `response.incomplete`, with every item and the usage.
-    fn complete(&mut self, status: Status, usage: Usage, out: &mut Vec<u8>) {
+    fn complete(&mut self, status: Status, billed: Billed, out: &mut Vec<u8>) {
         let name = match status {
             Status::Incomplete(_) => "response.incomplete",
             Status::InProgress | Status::Completed | Status::Failed => "response.completed",
         };
-        self.lifecycle(out, name, status, None, usage);
+        self.lifecycle(out, name, status, None, Some(billed));
     }
 
-    /// An `error` event, then `response.failed` with the items finished so far.
-    fn write_error(&mut self, error: &ApiError, usage: Usage, out: &mut Vec<u8>) {
+    /// An `error` event, then `response.failed` with the items finished so far and the usage
+    /// metered, with its cost.
+    fn write_error(&mut self, error: &ApiError, billed: Billed, out: &mut Vec<u8>) {
         self.ensure_started(out);
         self.event(out, "error");
         out.push(b',');
         error.write_responses_fields(out);
         frame_close(out);
-        self.lifecycle(out, "response.failed", Status::Failed, Some(error), usage);
+        let failed = Status::Failed;
+        self.lifecycle(out, "response.failed", failed, Some(error), Some(billed));
     }
 
     fn take_object(&mut self) -> Option<Vec<u8>> {

@@ -8,6 +8,7 @@ use super::request::chat_to_upstream;
 use super::response::{upstream_to_chat, ChatStream};
 use crate::config::{Config, ImageUrlPolicy, ReasoningField, EMBEDDED_DEFAULT};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
+use crate::money::Pen;
 use crate::testing::replay;
 use crate::translate::{ResponseContext, StreamEnd, StreamTranslator, UpstreamRequest};
 use crate::usage::Usage;
@@ -50,6 +51,7 @@ fn ctx() -> ResponseContext {
         slug: "aguila".into(),
         upstream_model: "Qwen/Qwen3-32B".into(),
         tool_name_map: Vec::new(),
+        charging: crate::testing::charging(),
     }
 }
 

@@ -301,6 +301,102 @@ fn the_stream_usage_chunk_carries_cached_tokens() {
     assert_eq!(
         frames.last().unwrap()["usage"],
         json!({"prompt_tokens":3,"completion_tokens":1,"total_tokens":4,
-               "prompt_tokens_details":{"cached_tokens":0}})
+               "prompt_tokens_details":{"cached_tokens":0},"cost":0.000007})
     );
+}
+
+/// A chunk with `choices` (`content` a fragment, `finish` a finish reason or none).
+fn content_chunk(content: &str, finish: Option<&str>) -> String {
+    let finish = finish.map_or("null".to_owned(), |f| format!("\"{f}\""));
+    format!(
+        "data: {{\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}},\"finish_reason\":{finish}}}]}}\n\n"
+    )
+}
+
+/// A usage-only chunk.
+fn usage_chunk(prompt: u64, completion: u64) -> String {
+    format!(
+        "data: {{\"model\":\"m\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"prompt_tokens_details\":{{\"cached_tokens\":0}}}}}}\n\n"
+    )
+}
+
+#[test]
+fn the_usage_chunk_after_the_finish_carries_the_cost_the_stream_bills() {
+    let terms = crate::testing::charging();
+    // Interim usage before the finish (no known server sends one): relayed without a cost.
+    let s = [
+        usage_chunk(3, 0),
+        content_chunk("a", None),
+        content_chunk("b", Some("stop")),
+        usage_chunk(3, 2),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let (frames, done, t) = run(&[s.as_bytes()], true, ReasoningField::Both);
+    assert!(done);
+    assert_eq!(frames[0]["usage"].get("cost"), None);
+    // Nor with the upstream's own (its money is not the tenant's).
+    let interim = usage_chunk(3, 0).replace(
+        "\"completion_tokens\":0",
+        "\"completion_tokens\":0,\"cost\":2",
+    );
+    let (relayed, _, _) = run(&[interim.as_bytes()], true, ReasoningField::Both);
+    assert_eq!(relayed[0]["usage"].get("cost"), None, "{relayed:?}");
+    // Alone in its object, with the cached count to add: replaced by it, still valid JSON.
+    let alone = "data: {\"choices\":[],\"usage\":{\"cost\":2}}\n\n";
+    let (relayed, _, _) = run(&[alone.as_bytes()], true, ReasoningField::Both);
+    assert_eq!(
+        relayed[0]["usage"],
+        json!({"prompt_tokens_details":{"cached_tokens":0}}),
+        "{relayed:?}"
+    );
+    let shown = &frames[3]["usage"]["cost"];
+    assert_eq!(shown, &json!(0.000011));
+    assert_eq!(terms.cost(t.usage()), Pen::from_picos(11_000_000));
+    // Output after the final report (a broken upstream) is relayed, but the bill stays the
+    // one shown; a later report is shown with its cost and billed.
+    let s = [
+        content_chunk("a", Some("stop")),
+        usage_chunk(3, 1),
+        content_chunk("late", None),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let (frames, _, t) = run(&[s.as_bytes()], true, ReasoningField::Both);
+    assert_eq!(frames[1]["usage"]["cost"], json!(0.000007));
+    assert_eq!(t.usage().completion_tokens, 1);
+    // So does a stream that then fails, or ends without `[DONE]`.
+    for end in ["data: {not json\n\n", ""] {
+        let s = [
+            content_chunk("a", Some("stop")),
+            usage_chunk(3, 1),
+            content_chunk("late", None),
+            end.to_owned(),
+        ]
+        .concat();
+        let (frames, _, t) = run(&[s.as_bytes()], true, ReasoningField::Both);
+        assert_eq!(frames[1]["usage"]["cost"], json!(0.000007));
+        assert_eq!(t.usage().completion_tokens, 1, "{end:?}: {frames:?}");
+    }
+    let s = [
+        content_chunk("a", Some("stop")),
+        usage_chunk(3, 1),
+        usage_chunk(3, 4),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let (frames, _, t) = run(&[s.as_bytes()], true, ReasoningField::Both);
+    assert_eq!(frames[2]["usage"]["cost"], json!(0.000019));
+    assert_eq!(t.usage().completion_tokens, 4);
+    // Not asked for: no usage chunk, no cost, and the metering goes on as before.
+    let s = [
+        content_chunk("a", Some("stop")),
+        usage_chunk(3, 1),
+        content_chunk("late", None),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let (frames, _, t) = run(&[s.as_bytes()], false, ReasoningField::Both);
+    assert!(!format!("{frames:?}").contains("cost"));
+    assert_eq!(t.usage().completion_tokens, 2);
 }

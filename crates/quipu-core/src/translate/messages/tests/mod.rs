@@ -79,6 +79,7 @@ fn ctx() -> ResponseContext {
         slug: "aguila".into(),
         upstream_model: "Qwen/Qwen3-VL-32B-Instruct".into(),
         tool_name_map: Vec::new(),
+        charging: crate::testing::charging(),
     }
 }
 

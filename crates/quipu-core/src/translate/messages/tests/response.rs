@@ -16,7 +16,7 @@ fn c18_text_only() {
         json!({"id": "msg_req_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
             "content": [{"type": "text", "text": "Hola, ñandú 🦙"}],
             "stop_reason": "end_turn", "stop_sequence": null,
-            "usage": {"input_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 4}})
+            "usage": {"input_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 4, "cost": 0.000026}})
     );
     assert_eq!(
         u,
@@ -390,7 +390,7 @@ fn c24_usage_mapping() {
     .unwrap();
     assert_eq!(
         m["usage"],
-        json!({"input_tokens": 52, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2048, "output_tokens": 40})
+        json!({"input_tokens": 52, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2048, "output_tokens": 40, "cost": 0.000724})
     );
     assert_eq!(
         u,

@@ -449,7 +449,7 @@ fn c45_continuous_usage_last_wins_with_final_cache_split() {
     let m = accumulate_message(&s.out).unwrap();
     assert_eq!(
         m["usage"],
-        json!({"input_tokens": 52, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2048, "output_tokens": 40})
+        json!({"input_tokens": 52, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 2048, "output_tokens": 40, "cost": 0.000724})
     );
     assert_eq!(
         s.usage,
@@ -502,4 +502,45 @@ fn c48_empty_generation() {
     let m = blocks(fixture!("empty_generation"));
     assert_eq!(m["content"], json!([]));
     assert_eq!(m["stop_reason"], "end_turn");
+}
+
+#[test]
+fn message_delta_carries_the_cost_the_stream_bills() {
+    let terms = crate::testing::charging();
+    for input in [
+        fixture!("worked_example"),
+        fixture!("no_usage_done"),
+        fixture!("no_usage_eof"),
+        fixture!("llamacpp_timings"),
+        fixture!("usage_missing_choices"),
+        fixture!("text_basic"),
+    ] {
+        let s = stream(input);
+        assert_eq!(s.end, StreamEnd::Complete);
+        let ev = events(&s.out);
+        let start = &ev[0].1["message"]["usage"];
+        assert_eq!(
+            start.get("cost"),
+            None,
+            "message_start's usage is not final"
+        );
+        let (name, delta) = &ev[ev.len() - 2];
+        assert_eq!(name, "message_delta");
+        // The number as written, exactly: the charge of the usage the stream bills.
+        let text = std::str::from_utf8(&s.out).unwrap();
+        let written = text.rsplit("\"cost\":").next().unwrap();
+        let written: String = written
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        assert_eq!(written, terms.cost(s.usage).to_json_number());
+        assert_eq!(
+            delta["usage"]["output_tokens"], s.usage.completion_tokens,
+            "the usage shown is the usage billed"
+        );
+    }
+    // Failed: an error event, no usage and so no cost; the usage metered is still billed.
+    let s = stream(fixture!("midstream_error"));
+    assert_eq!(s.end, StreamEnd::Failed);
+    assert!(!String::from_utf8_lossy(&s.out).contains("\"cost\""));
 }

@@ -52,6 +52,7 @@ fn ctx_of(turn: &ResponsesTurn) -> ResponsesContext {
             slug: "aguila".into(),
             upstream_model: UPSTREAM_MODEL.into(),
             tool_name_map: Vec::new(),
+            charging: crate::testing::charging(),
         },
         created_at: 1_764_000_000,
         echo: turn.echo.clone(),

@@ -31,7 +31,8 @@ fn a_text_answer_is_one_message_item_with_the_apis_usage() {
     assert_eq!(
         r["usage"],
         json!({"input_tokens": 2100, "input_tokens_details": {"cached_tokens": 2048, "cache_write_tokens": 0},
-               "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 2140})
+               "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 2140,
+               "cost": 0.000724})
     );
     assert_eq!(
         u,

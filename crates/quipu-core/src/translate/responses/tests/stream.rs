@@ -131,7 +131,8 @@ fn the_worked_example_streams_reasoning_text_and_a_call() {
     assert_eq!(
         last["usage"],
         json!({"input_tokens": 2100, "input_tokens_details": {"cached_tokens": 2048, "cache_write_tokens": 0},
-               "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 17}, "total_tokens": 2140})
+               "output_tokens": 40, "output_tokens_details": {"reasoning_tokens": 17}, "total_tokens": 2140,
+               "cost": 0.000724})
     );
     assert_eq!(
         s.usage,
@@ -241,6 +242,35 @@ fn a_failure_mid_stream_is_an_error_event_then_response_failed() {
         "the open message is not finished"
     );
     assert_eq!(last["output"][0]["type"], "reasoning");
+    // Its usage is what was metered (2 fragments, no input reported) and its cost what that
+    // settles to: the input billed as the estimate, 20·1.00 + 2·4.00 micro-soles.
+    assert_eq!(last["usage"]["output_tokens"], 2);
+    assert_eq!(last["usage"]["cost"], json!(0.000028));
+    let billed = crate::testing::charging().cost(t.usage());
+    assert_eq!(billed.to_json_number(), "0.000028");
+}
+
+#[test]
+fn the_cost_written_is_the_charge_of_the_usage_billed() {
+    let terms = crate::testing::charging();
+    for (name, input) in FIXTURES {
+        let s = stream(input);
+        let last = validate_event_sequence(&s.out).unwrap();
+        let text = String::from_utf8_lossy(&s.out);
+        // The last usage written is the final object's: its cost, as written, is the charge.
+        let written = text.rsplit("\"cost\":").next().unwrap();
+        let number: String = written
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        assert_eq!(number, terms.cost(s.usage).to_json_number(), "{name}");
+        assert_eq!(
+            last["usage"]["input_tokens"], s.usage.prompt_tokens,
+            "{name}"
+        );
+        // In-progress objects carry no usage, so no cost.
+        assert_eq!(text.matches("\"cost\":").count(), 1, "{name}");
+    }
 }
 
 #[test]
