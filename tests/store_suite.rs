@@ -283,7 +283,17 @@ store_suite!(
     lease_rows_answer_with_one_consistent_reading,
     a_stale_lease_is_zeroed_and_kept_then_forgotten,
     a_heartbeat_between_a_write_and_its_answer_counts_the_charge_once,
+    cap_leases_answer_like_balance_leases,
+    three_replicas_never_spend_past_a_cap,
+    a_cap_refusal_holds_nothing,
 );
+
+#[path = "store_suite/caps.rs"]
+mod caps;
+use caps::{
+    a_cap_refusal_holds_nothing, cap_leases_answer_like_balance_leases,
+    three_replicas_never_spend_past_a_cap,
+};
 
 #[path = "store_suite/leases.rs"]
 mod leases;
@@ -1426,6 +1436,35 @@ impl store::LeaseStore for Rigged {
         self.check()?;
         self.inner.heartbeat(replica).await
     }
+    async fn grant_cap_lease(
+        &self,
+        replica: &str,
+        pool: &store::CapPool,
+        terms: store::CapTerms,
+        ask: LeaseAsk,
+    ) -> store::StoreResult<LeaseGrant> {
+        self.check()?;
+        self.inner.grant_cap_lease(replica, pool, terms, ask).await
+    }
+    async fn release_cap_lease(
+        &self,
+        replica: &str,
+        pool: &store::CapPool,
+        amount: Pen,
+    ) -> store::StoreResult<Option<store::LeaseReading>> {
+        self.check()?;
+        self.inner.release_cap_lease(replica, pool, amount).await
+    }
+    async fn cap_heartbeat(
+        &self,
+        replica: &str,
+    ) -> store::StoreResult<Vec<(store::CapPool, store::LeaseReading)>> {
+        self.check()?;
+        self.inner.cap_heartbeat(replica).await
+    }
+    async fn cap_spent(&self, pools: &[String]) -> store::StoreResult<Vec<(String, Pen, Pen)>> {
+        self.inner.cap_spent(pools).await
+    }
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> store::StoreResult<u64> {
         self.inner.reclaim_stale_leases(max_age_ms).await
     }
@@ -1529,7 +1568,7 @@ async fn flush(s: &dyn Store, accounts: &Accounts, id: &str, t: TenantId, charge
     let sent = accounts.tick();
     let recorded = s.record(accounts.replica(), &[r]).await.unwrap();
     assert_eq!(recorded.new, 1);
-    accounts.recorded(sent, &recorded.leases);
+    accounts.recorded(sent, &recorded);
 }
 
 async fn two_replicas_never_spend_more_than_the_balance(fx: &Fixture) {

@@ -15,6 +15,14 @@
 //! grants and releases. The book's mutex is held for one event, never across I/O, so the
 //! common path (the lease covers the request) is one short critical section.
 //!
+//! **Caps are pools like balances.** A key's spend cap for the current period and its tenant's
+//! monthly cap are each a pool of money (`quipu_core::billing::pool`) with its own book and
+//! leases on it (`cap_leases`): a request reserves its worst case against every cap that
+//! applies and then the balance ([`Accounts::reserve_with_caps`]), all or nothing, and its
+//! charge settles against all of them; the ledger row names the caps so the store charges
+//! them in the same transaction as the balance. A cap is then as exact under concurrency and
+//! across replicas as the balance.
+//!
 //! **Store calls outlive the requests that asked for them.** A lease call runs in its own
 //! task and applies its answer to the book itself, so a request that gives up (its deadline,
 //! its client gone) never leaves a call half-applied: the book would otherwise wait forever for
@@ -28,7 +36,10 @@
 //! store dry ask again instead of refusing from memory.
 
 use crate::money::Pen;
-use crate::store::{LeaseAsk, LeaseReading, ReplicaSignal, Store, StoreError, TenantId};
+use crate::store::{
+    CapPool, CapTerms, LeaseAsk, LeaseGrant, LeaseReading, Pool, Recorded, ReplicaSignal, Store,
+    StoreError, StoreResult, TenantId,
+};
 use parking_lot::Mutex;
 use quipu_core::billing::book::{self, Book, CallFailed, Held, Pending, Step, Tick, Timing};
 use std::collections::HashMap;
@@ -54,8 +65,18 @@ pub const DOUBT_SETTLE: Duration = Duration::from_secs(2);
 pub enum Refusal {
     /// The balance (minus what is reserved or not yet written) does not cover the worst case.
     Insufficient { needed: Pen, available: Pen },
+    /// What is left of the `index`th cap of [`Accounts::reserve_with_caps`] (spent, or held
+    /// by requests in flight) does not cover the worst case.
+    CapReached { index: usize, available: Pen },
     /// The store could not be asked for more balance.
     StoreUnavailable(String),
+}
+
+/// A cap a request reserves against: its pool and what the pool holds at most.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapClaim {
+    pub pool: CapPool,
+    pub terms: CapTerms,
 }
 
 /// An admitted request's hold on the tenant's money. Settle it with [`Accounts::settle`]; if it
@@ -63,7 +84,21 @@ pub enum Refusal {
 pub struct Reservation {
     pub tenant: TenantId,
     pub amount: Pen,
+    /// The cap pools it holds `amount` on too (empty: none applied).
+    pub caps: Vec<CapPool>,
+    /// Whether the balance is held yet (false only while caps are being reserved).
+    balance: bool,
     accounts: Option<Arc<Accounts>>,
+}
+
+impl Reservation {
+    /// Every pool the reservation holds money on: its caps, then the balance.
+    fn pools(&self) -> impl Iterator<Item = Pool> + '_ {
+        self.caps
+            .iter()
+            .map(|c| Pool::Cap(c.clone()))
+            .chain(self.balance.then_some(Pool::Balance(self.tenant)))
+    }
 }
 
 impl std::fmt::Debug for Reservation {
@@ -82,10 +117,9 @@ impl Drop for Reservation {
                 "reservation of tenant {} dropped without settlement; released",
                 self.tenant
             );
-            a.account(self.tenant)
-                .book
-                .lock()
-                .settle(self.amount, Pen::ZERO);
+            for pool in self.pools() {
+                a.account(&pool).book.lock().settle(self.amount, Pen::ZERO);
+            }
         }
     }
 }
@@ -95,8 +129,10 @@ struct Account {
     book: Mutex<Book>,
     /// A lease call of this tenant ended.
     call_ended: tokio::sync::Notify,
-    /// Another replica says it returned money on this tenant.
+    /// Another replica says it returned money on this pool.
     returned: tokio::sync::Notify,
+    /// A cap pool's terms as the last request that reserved against it knew them.
+    terms: Mutex<Option<CapTerms>>,
 }
 
 /// Per-tenant money state of this replica.
@@ -107,7 +143,7 @@ pub struct Accounts {
     timing: Timing,
     /// The origin of the books' [`Tick`]s.
     origin: Instant,
-    accounts: Mutex<HashMap<TenantId, Arc<Account>>>,
+    accounts: Mutex<HashMap<Pool, Arc<Account>>>,
 }
 
 /// Totals across tenants, for metrics and drain checks.
@@ -165,31 +201,76 @@ impl Accounts {
         ms(self.origin.elapsed())
     }
 
-    fn account(&self, tenant: TenantId) -> Arc<Account> {
+    fn account(&self, pool: &Pool) -> Arc<Account> {
+        if let Some(a) = self.accounts.lock().get(pool) {
+            return a.clone();
+        }
         self.accounts
             .lock()
-            .entry(tenant)
+            .entry(pool.clone())
             .or_insert_with(|| {
                 Arc::new(Account {
                     book: Mutex::new(Book::default()),
                     call_ended: tokio::sync::Notify::new(),
                     returned: tokio::sync::Notify::new(),
+                    terms: Mutex::new(None),
                 })
             })
             .clone()
     }
 
-    fn known(&self, tenant: TenantId) -> Option<Arc<Account>> {
-        self.accounts.lock().get(&tenant).cloned()
+    fn known(&self, pool: &Pool) -> Option<Arc<Account>> {
+        self.accounts.lock().get(pool).cloned()
     }
 
-    /// Reserves `amount` for a request of `tenant`.
+    /// Reserves `amount` for a request of `tenant` against its balance alone.
     pub async fn reserve(
         self: &Arc<Self>,
         tenant: TenantId,
         amount: Pen,
     ) -> Result<Reservation, Refusal> {
-        let acct = self.account(tenant);
+        self.reserve_with_caps(tenant, amount, Vec::new()).await
+    }
+
+    /// Reserves `amount` for a request of `tenant` against every cap in `caps`, in order, and
+    /// then its balance: all of them, or none (a refusal gives back what was held already).
+    pub async fn reserve_with_caps(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        amount: Pen,
+        caps: Vec<CapClaim>,
+    ) -> Result<Reservation, Refusal> {
+        let mut reservation = Reservation {
+            tenant,
+            amount,
+            caps: Vec::with_capacity(caps.len()),
+            balance: false,
+            accounts: None,
+        };
+        for (index, claim) in caps.into_iter().enumerate() {
+            let pool = Pool::Cap(claim.pool.clone());
+            *self.account(&pool).terms.lock() = Some(claim.terms);
+            match self.reserve_in(&pool, amount).await {
+                Ok(()) => {
+                    reservation.caps.push(claim.pool);
+                    reservation.accounts = Some(self.clone());
+                }
+                // Dropping `reservation` gives back the caps held so far.
+                Err(Refusal::Insufficient { available, .. }) => {
+                    return Err(Refusal::CapReached { index, available })
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        self.reserve_in(&Pool::Balance(tenant), amount).await?;
+        reservation.balance = true;
+        reservation.accounts = Some(self.clone());
+        Ok(reservation)
+    }
+
+    /// Reserves `amount` on one pool's book (see the module docs).
+    async fn reserve_in(self: &Arc<Self>, pool: &Pool, amount: Pen) -> Result<(), Refusal> {
+        let acct = self.account(pool);
         let mut admission = Admission {
             acct: &acct,
             req: Pending::new(amount),
@@ -206,13 +287,7 @@ impl Accounts {
                 book.admit(&mut admission.req, self.chunk, &self.timing, self.now())
             };
             match step {
-                Step::Admit => {
-                    return Ok(Reservation {
-                        tenant,
-                        amount,
-                        accounts: Some(self.clone()),
-                    })
-                }
+                Step::Admit => return Ok(()),
                 Step::Refuse(r) => return Err(refusal(r)),
                 Step::Wait => {
                     if tokio::time::timeout_at(deadline, call_ended).await.is_err() {
@@ -220,7 +295,7 @@ impl Accounts {
                     }
                 }
                 Step::Ask(ask) => {
-                    let call = self.spawn_grant(tenant, acct.clone(), ask);
+                    let call = self.spawn_grant(pool.clone(), acct.clone(), ask);
                     match tokio::time::timeout_at(deadline, call).await {
                         Ok(Ok(Ok(reply))) => admission.req.granted(ask, &reply),
                         // The book has the failure: asking it again refuses.
@@ -232,7 +307,7 @@ impl Accounts {
                     let until = *recall_until.get_or_insert_with(|| {
                         (tokio::time::Instant::now() + RECALL_WAIT).min(deadline)
                     });
-                    if self.recall(&acct, tenant, until).await {
+                    if self.recall(&acct, pool, until).await {
                         admission.req.money_returned();
                     } else {
                         admission.req.recall_over();
@@ -246,7 +321,7 @@ impl Accounts {
     /// request that asked (see the module docs).
     fn spawn_grant(
         &self,
-        tenant: TenantId,
+        pool: Pool,
         acct: Arc<Account>,
         ask: book::LeaseAsk,
     ) -> tokio::task::JoinHandle<Result<book::GrantReply, CallFailed>> {
@@ -257,16 +332,17 @@ impl Accounts {
             need: ask.need,
             want: ask.want,
         };
+        let terms = *acct.terms.lock();
         tokio::spawn(async move {
-            let call = store.grant_lease(&replica, tenant, ask);
+            let call = grant(&*store, &replica, &pool, terms, ask);
             let result = match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
                 Ok(Ok(g)) => Ok(book::GrantReply::from(g)),
                 Ok(Err(e)) => {
-                    log::warn!("a lease grant for tenant {tenant} failed: {e}");
+                    log::warn!("a lease grant on {pool} failed: {e}");
                     Err(CallFailed)
                 }
                 Err(_) => {
-                    log::warn!("a lease grant for tenant {tenant} timed out");
+                    log::warn!("a lease grant on {pool} timed out");
                     Err(CallFailed)
                 }
             };
@@ -278,14 +354,14 @@ impl Accounts {
         })
     }
 
-    /// Asks the other replicas to return their free leases on `tenant` and waits until one
+    /// Asks the other replicas to return their free leases on `pool` and waits until one
     /// says it did (true) or `until` (false; also at once when there is nobody to ask).
-    async fn recall(&self, acct: &Account, tenant: TenantId, until: tokio::time::Instant) -> bool {
+    async fn recall(&self, acct: &Account, pool: &Pool, until: tokio::time::Instant) -> bool {
         let returned = acct.returned.notified();
         tokio::pin!(returned);
         returned.as_mut().enable();
         let signal = ReplicaSignal::RecallLeases {
-            tenant,
+            pool: pool.clone(),
             by: self.replica.clone(),
         };
         match tokio::time::timeout_at(until, self.store.notify_replicas(&signal)).await {
@@ -296,7 +372,7 @@ impl Accounts {
             // No channel to other replicas (SQLite): nobody to ask.
             Ok(Ok(false)) => return false,
             Ok(Err(e)) => {
-                log::warn!("cannot ask other replicas for the leases of tenant {tenant}: {e}");
+                log::warn!("cannot ask other replicas for their leases on {pool}: {e}");
                 return false;
             }
             Err(_) => return false,
@@ -308,18 +384,28 @@ impl Accounts {
     /// the ledger writes it). Returns what is billed: `charge.min(reservation.amount)`.
     pub fn settle(&self, mut reservation: Reservation, charge: Pen) -> Pen {
         reservation.accounts = None;
-        self.account(reservation.tenant)
-            .book
-            .lock()
-            .settle(reservation.amount, charge)
+        let mut billed = charge;
+        for pool in reservation.pools() {
+            billed = self
+                .account(&pool)
+                .book
+                .lock()
+                .settle(reservation.amount, charge);
+        }
+        billed
     }
 
     /// The ledger writer's `record`, sent at `sent` (see [`Accounts::tick`]), changed these
     /// lease rows of this replica.
-    pub fn recorded(&self, sent: Tick, leases: &[(TenantId, LeaseReading)]) {
+    pub fn recorded(&self, sent: Tick, recorded: &Recorded) {
         let now = self.now();
-        for (tenant, reading) in leases {
-            self.account(*tenant)
+        let balances = recorded.leases.iter().map(|(t, r)| (Pool::Balance(*t), r));
+        let caps = recorded
+            .cap_leases
+            .iter()
+            .map(|(c, r)| (Pool::Cap(c.clone()), r));
+        for (pool, reading) in balances.chain(caps) {
+            self.account(&pool)
                 .book
                 .lock()
                 .apply(Some(*reading), sent, now);
@@ -331,18 +417,27 @@ impl Accounts {
         self.now()
     }
 
-    /// The store refused to record `charge` of `tenant` for good (the row went to the
-    /// dead-letter table): it will never be charged against the lease.
-    pub fn abandoned(&self, tenant: TenantId, charge: Pen) {
-        self.account(tenant).book.lock().abandon(charge);
+    /// The store refused to record `charge` of `tenant` (reserved against `caps` too) for good
+    /// (the row went to the dead-letter table): it will never be charged against the leases.
+    pub fn abandoned(&self, tenant: TenantId, caps: &[CapPool], charge: Pen) {
+        for cap in caps {
+            self.account(&Pool::Cap(cap.clone()))
+                .book
+                .lock()
+                .abandon(charge);
+        }
+        self.account(&Pool::Balance(tenant))
+            .book
+            .lock()
+            .abandon(charge);
     }
 
     /// Gives back the leases of tenants idle for `idle_for` with nothing in flight or unwritten.
     pub async fn return_idle_leases(&self, idle_for: Duration) {
-        for (tenant, acct) in self.snapshot() {
+        for (pool, acct) in self.snapshot() {
             let release = acct.book.lock().release_idle(ms(idle_for), self.now());
             if let Some(amount) = release {
-                self.release(tenant, &acct, amount).await;
+                self.release(&pool, &acct, amount).await;
             }
         }
     }
@@ -350,8 +445,8 @@ impl Accounts {
     /// Gives back what this replica holds free on `tenant` at once (another replica asked for
     /// it), waiting up to [`RECALL_WAIT`] for a lease call in flight to end first. Returns what
     /// was given back.
-    pub async fn give_back_free(&self, tenant: TenantId) -> Pen {
-        let Some(acct) = self.known(tenant) else {
+    pub async fn give_back_free(&self, pool: &Pool) -> Pen {
+        let Some(acct) = self.known(pool) else {
             return Pen::ZERO;
         };
         let until = tokio::time::Instant::now() + RECALL_WAIT;
@@ -365,7 +460,7 @@ impl Accounts {
                 (book.release_free(), busy)
             };
             match release {
-                Some(amount) => return self.release(tenant, &acct, amount).await,
+                Some(amount) => return self.release(pool, &acct, amount).await,
                 None if busy => {
                     if tokio::time::timeout_at(until, call_ended).await.is_err() {
                         return Pen::ZERO;
@@ -377,17 +472,22 @@ impl Accounts {
     }
 
     /// Releases `amount` (the book subtracted it already) and tells the other replicas.
-    async fn release(&self, tenant: TenantId, acct: &Account, amount: Pen) -> Pen {
+    async fn release(&self, pool: &Pool, acct: &Account, amount: Pen) -> Pen {
         let sent = self.now();
-        let call = self.store.release_lease(&self.replica, tenant, amount);
+        let call = async {
+            match pool {
+                Pool::Balance(t) => self.store.release_lease(&self.replica, *t, amount).await,
+                Pool::Cap(c) => self.store.release_cap_lease(&self.replica, c, amount).await,
+            }
+        };
         let result = match tokio::time::timeout(LEASE_CALL_TIMEOUT, call).await {
             Ok(Ok(reading)) => Ok(reading),
             Ok(Err(e)) => {
-                log::warn!("returning lease of tenant {tenant} failed: {e}");
+                log::warn!("returning the lease on {pool} failed: {e}");
                 Err(CallFailed)
             }
             Err(_) => {
-                log::warn!("returning lease of tenant {tenant} timed out");
+                log::warn!("returning the lease on {pool} timed out");
                 Err(CallFailed)
             }
         };
@@ -399,7 +499,7 @@ impl Accounts {
         if !given {
             return Pen::ZERO;
         }
-        let done = ReplicaSignal::LeasesReturned { tenant };
+        let done = ReplicaSignal::LeasesReturned { pool: pool.clone() };
         if let Err(e) = self.store.notify_replicas(&done).await {
             log::warn!("cannot tell replicas a lease came home: {e}");
         }
@@ -415,13 +515,13 @@ impl Accounts {
     ) {
         while let Some(signal) = signals.recv().await {
             match signal {
-                ReplicaSignal::RecallLeases { tenant, by } => {
+                ReplicaSignal::RecallLeases { pool, by } => {
                     if by == self.replica {
                         continue;
                     }
                     let me = self.clone();
                     tokio::spawn(async move {
-                        if me.give_back_free(tenant).await > Pen::ZERO {
+                        if me.give_back_free(&pool).await > Pen::ZERO {
                             crate::metrics::m()
                                 .lease_recalls
                                 .with_label_values(&["returned"])
@@ -429,7 +529,7 @@ impl Accounts {
                         }
                     });
                 }
-                ReplicaSignal::LeasesReturned { tenant } => self.money_arrived(tenant),
+                ReplicaSignal::LeasesReturned { pool } => self.arrived(&pool),
             }
         }
     }
@@ -437,7 +537,12 @@ impl Accounts {
     /// Money came home to `tenant`'s balance (another replica returned a lease, or a top-up):
     /// requests that found the store dry ask again.
     pub fn money_arrived(&self, tenant: TenantId) {
-        if let Some(acct) = self.known(tenant) {
+        self.arrived(&Pool::Balance(tenant));
+    }
+
+    /// Money came home to `pool`.
+    fn arrived(&self, pool: &Pool) {
+        if let Some(acct) = self.known(pool) {
             acct.book.lock().money_arrived();
             acct.returned.notify_waiters();
         }
@@ -447,22 +552,31 @@ impl Accounts {
     /// holds for it (none: the row is gone).
     pub async fn heartbeat(&self) -> Result<(), StoreError> {
         let sent = self.now();
-        let stored = tokio::time::timeout(LEASE_CALL_TIMEOUT, self.store.heartbeat(&self.replica))
+        let beats = async {
+            let balances = self.store.heartbeat(&self.replica).await?;
+            let caps = self.store.cap_heartbeat(&self.replica).await?;
+            StoreResult::Ok((balances, caps))
+        };
+        let (balances, caps) = tokio::time::timeout(LEASE_CALL_TIMEOUT, beats)
             .await
             .map_err(|_| StoreError::Backend("the lease heartbeat timed out".into()))??;
-        let stored: HashMap<TenantId, LeaseReading> = stored.into_iter().collect();
-        for tenant in stored.keys() {
+        let stored: HashMap<Pool, LeaseReading> = balances
+            .into_iter()
+            .map(|(t, r)| (Pool::Balance(t), r))
+            .chain(caps.into_iter().map(|(c, r)| (Pool::Cap(c), r)))
+            .collect();
+        for pool in stored.keys() {
             // A row this replica did not know about (a grant whose answer was lost).
-            self.account(*tenant);
+            self.account(pool);
         }
         let now = self.now();
-        for (tenant, acct) in self.snapshot() {
+        for (pool, acct) in self.snapshot() {
             let mut book = acct.book.lock();
-            book.heartbeat(stored.get(&tenant).copied(), sent, now);
+            book.heartbeat(stored.get(&pool).copied(), sent, now);
             if book.is_lost() {
                 log::error!(
-                    "the store no longer has this replica's lease on tenant {tenant} (it was cut \
-                     off from the store for too long): its requests are refused; restart this \
+                    "the store no longer has this replica's lease on {pool} (it was cut off \
+                     from the store for too long): its requests are refused; restart this \
                      replica"
                 );
             }
@@ -470,24 +584,33 @@ impl Accounts {
         Ok(())
     }
 
-    fn snapshot(&self) -> Vec<(TenantId, Arc<Account>)> {
+    fn snapshot(&self) -> Vec<(Pool, Arc<Account>)> {
         self.accounts
             .lock()
             .iter()
-            .map(|(t, a)| (*t, a.clone()))
+            .map(|(p, a)| (p.clone(), a.clone()))
             .collect()
     }
 
     /// One tenant's state (zeros if unknown).
     pub fn view(&self, tenant: TenantId) -> TenantView {
-        self.known(tenant)
+        self.pool_view(&Pool::Balance(tenant))
+    }
+
+    /// One pool's state (zeros if unknown).
+    pub fn pool_view(&self, pool: &Pool) -> TenantView {
+        self.known(pool)
             .map(|a| a.book.lock().held())
             .unwrap_or_default()
     }
 
+    /// Totals over the balances (a request held on caps too is counted once).
     pub fn totals(&self) -> Totals {
         let mut t = Totals::default();
-        for (_, a) in self.snapshot() {
+        for (pool, a) in self.snapshot() {
+            if !matches!(pool, Pool::Balance(_)) {
+                continue;
+            }
             let h = a.book.lock().held();
             t.open += h.open;
             t.reserved += h.reserved;
@@ -510,6 +633,25 @@ impl Drop for Admission<'_> {
         if self.req.in_admission() {
             self.acct.book.lock().forget(&mut self.req);
         }
+    }
+}
+
+/// A lease grant on `pool`: its balance, or a cap with the terms it was last reserved under.
+async fn grant(
+    store: &dyn Store,
+    replica: &str,
+    pool: &Pool,
+    terms: Option<CapTerms>,
+    ask: LeaseAsk,
+) -> StoreResult<LeaseGrant> {
+    match (pool, terms) {
+        (Pool::Balance(t), _) => store.grant_lease(replica, *t, ask).await,
+        (Pool::Cap(c), Some(terms)) => store.grant_cap_lease(replica, c, terms, ask).await,
+        // A pool seen only in the store's rows (a lost grant's answer) is never asked for more
+        // before a request has reserved against it, which sets its terms.
+        (Pool::Cap(c), None) => Err(StoreError::Invalid(format!(
+            "no terms known for cap pool {c}"
+        ))),
     }
 }
 

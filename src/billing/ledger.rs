@@ -379,7 +379,7 @@ impl<S: LedgerStore + ?Sized> LedgerWriter<S> {
                         .inc_by(batch.len() as u64 - new.min(batch.len() as u64));
                     // The lease rows as the write left them: the books count these charges
                     // as written from here on (a retried batch's rows included).
-                    self.accounts.recorded(sent, &recorded.leases);
+                    self.accounts.recorded(sent, &recorded);
                     return Ok(());
                 }
                 Err(e) if !e.is_transient() => {
@@ -467,7 +467,12 @@ impl<S: LedgerStore + ?Sized> LedgerWriter<S> {
                 }
             }
         }
-        self.accounts.abandoned(row.tenant_id, row.charge);
+        let caps: Vec<crate::store::CapPool> = row
+            .caps
+            .iter()
+            .filter_map(|id| crate::store::CapPool::parse(id, row.tenant_id))
+            .collect();
+        self.accounts.abandoned(row.tenant_id, &caps, row.charge);
     }
 }
 

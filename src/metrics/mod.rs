@@ -141,6 +141,11 @@ metrics! {
         "Requests refused because the balance did not cover them (402)",
         &["tenant"],
     );
+    cap_refused: IntCounterVec = counter(
+        "quipu_cap_refused_total",
+        "Requests refused because a spend cap did not cover them, by tenant and cap (key|tenant)",
+        &["tenant", "cap"],
+    );
     tokens: IntCounterVec = counter(
         "quipu_tokens_total",
         "Billed tokens by tenant, model and type (input is uncached input)",

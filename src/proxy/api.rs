@@ -141,12 +141,26 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
     rate_limit(gw, &caller).await?;
     let quote = policy::quote(req.prompt_size(), model.context_window, &model.prices);
     let p = &caller.principal;
-    match gw.accounts.reserve(p.tenant_id, quote.worst).await {
+    let now = crate::billing::caps::period_clock_ms();
+    let mut caps = crate::billing::caps::claims(p, now).map_err(|e| {
+        log::error!(
+            "the cap periods of tenant {} cannot be counted: {e}",
+            p.tenant_name
+        );
+        Failure::new(Outcome::InternalError, super::internal_error())
+    })?;
+    let claims = caps.iter().map(|(_, c)| c.clone()).collect();
+    match gw
+        .accounts
+        .reserve_with_caps(p.tenant_id, quote.worst, claims)
+        .await
+    {
         Ok(reservation) => {
+            let caps = reservation.caps.iter().map(|c| c.to_string()).collect();
             ctx.admitted = Some(Admitted {
                 reservation,
                 input_estimate: quote.input_estimate,
-                caps: Vec::new(),
+                caps,
                 books: Books {
                     config: gw.config.clone(),
                     accounts: gw.accounts.clone(),
@@ -154,6 +168,24 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
                 },
             });
             Ok(())
+        }
+        Err(crate::billing::Refusal::CapReached { index, available }) => {
+            let Some((active, _)) = (index < caps.len()).then(|| caps.swap_remove(index)) else {
+                return Err(Failure::new(
+                    Outcome::InternalError,
+                    super::internal_error(),
+                ));
+            };
+            let refusal = crate::billing::caps::refusal(active, available, quote.worst, p, now);
+            m().cap_refused
+                .with_label_values(&[&p.tenant_name, active.owner.as_str()])
+                .inc();
+            Err(Failure::refused(ApiError::new(
+                ErrorKind::BudgetExceeded {
+                    retry_after: refusal.retry_after,
+                },
+                refusal.to_string(),
+            )))
         }
         Err(crate::billing::Refusal::Insufficient { needed, available }) => {
             m().billing_refused

@@ -99,6 +99,7 @@ pub use usage::UsageStore;
 use crate::config::redact_url;
 use crate::money::Pen;
 use async_trait::async_trait;
+pub use quipu_core::billing::pool::{CapPool, Pool};
 pub use quipu_core::governance::caps::Cap;
 pub use quipu_core::governance::periods::{CapPeriod, Zone};
 use std::fmt;
@@ -353,38 +354,78 @@ pub struct Recorded {
     pub new: u64,
     /// The recording replica's lease rows that the new rows charged, after the charge.
     pub leases: Vec<(TenantId, LeaseReading)>,
+    /// The same for the cap pools the new rows were reserved against (their `caps`).
+    pub cap_leases: Vec<(CapPool, LeaseReading)>,
+}
+
+/// What a cap pool holds at most, as the replica asking for a lease on it knows the cap now:
+/// written to the pool's row on every grant, so an operator's change of the cap applies to
+/// the rest of the period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapTerms {
+    pub limit: Pen,
+    /// When the period ends (`None`: a `total` cap).
+    pub period_end: Option<UnixMs>,
 }
 
 /// A message from one replica to the others sharing the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicaSignal {
-    /// `by` refused a request of `tenant` for balance other replicas hold: return idle leases.
-    RecallLeases { tenant: TenantId, by: String },
-    /// A replica returned (some of) its lease on `tenant`.
-    LeasesReturned { tenant: TenantId },
+    /// `by` refused a request for money of `pool` other replicas hold: return idle leases.
+    RecallLeases { pool: Pool, by: String },
+    /// A replica returned (some of) its lease on `pool`.
+    LeasesReturned { pool: Pool },
 }
 
 impl ReplicaSignal {
-    /// The text sent (`recall 7 gw-1:42~…`, `returned 7`).
+    /// The text sent: `recall 7 gw-1:42~…`, `returned 7` for a balance (as replicas without
+    /// caps sent it), `recall-cap 7 key:key_8f…:day:2026-11-27 gw-1:42~…` and `returned-cap 7
+    /// …` for a cap pool (which a replica that does not know caps ignores).
     pub fn to_payload(&self) -> String {
         match self {
-            ReplicaSignal::RecallLeases { tenant, by } => format!("recall {tenant} {by}"),
-            ReplicaSignal::LeasesReturned { tenant } => format!("returned {tenant}"),
+            ReplicaSignal::RecallLeases {
+                pool: Pool::Balance(t),
+                by,
+            } => format!("recall {t} {by}"),
+            ReplicaSignal::RecallLeases {
+                pool: Pool::Cap(c),
+                by,
+            } => format!("recall-cap {} {c} {by}", c.tenant),
+            ReplicaSignal::LeasesReturned {
+                pool: Pool::Balance(t),
+            } => format!("returned {t}"),
+            ReplicaSignal::LeasesReturned { pool: Pool::Cap(c) } => {
+                format!("returned-cap {} {c}", c.tenant)
+            }
         }
     }
 
     /// [`ReplicaSignal::to_payload`] backwards; `None` for text it does not know (a newer
     /// replica's message), which is ignored.
     pub fn from_payload(text: &str) -> Option<ReplicaSignal> {
-        let mut parts = text.splitn(3, ' ');
-        let kind = parts.next()?;
-        let tenant: TenantId = parts.next()?.parse().ok()?;
-        match (kind, parts.next()) {
-            ("recall", Some(by)) if !by.is_empty() => Some(ReplicaSignal::RecallLeases {
-                tenant,
-                by: by.to_owned(),
-            }),
-            ("returned", None) => Some(ReplicaSignal::LeasesReturned { tenant }),
+        let (kind, rest) = text.split_once(' ')?;
+        let (tenant, rest) = rest
+            .split_once(' ')
+            .map_or((rest, None), |(t, r)| (t, Some(r)));
+        let tenant: TenantId = tenant.parse().ok()?;
+        let (pool, rest) = match kind {
+            "recall" | "returned" => (Pool::Balance(tenant), rest),
+            "recall-cap" | "returned-cap" => {
+                let (id, rest) = rest?
+                    .split_once(' ')
+                    .map_or((rest?, None), |(p, r)| (p, Some(r)));
+                (Pool::Cap(CapPool::parse(id, tenant)?), rest)
+            }
+            _ => return None,
+        };
+        match (kind, rest) {
+            ("recall" | "recall-cap", Some(by)) if !by.is_empty() => {
+                Some(ReplicaSignal::RecallLeases {
+                    pool,
+                    by: by.to_owned(),
+                })
+            }
+            ("returned" | "returned-cap", None) => Some(ReplicaSignal::LeasesReturned { pool }),
             _ => None,
         }
     }
@@ -653,6 +694,28 @@ pub trait LeaseStore: Send + Sync {
     /// Marks every lease row of `replica` as alive now and returns them as they stand, so the
     /// replica can line its books up with them.
     async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>>;
+    /// [`LeaseStore::grant_lease`] on a cap pool: leases part of what is left of it (`limit −
+    /// spent − Σ leases`), creating the pool's row on first use and writing `terms`' limit to
+    /// it.
+    async fn grant_cap_lease(
+        &self,
+        replica: &str,
+        pool: &CapPool,
+        terms: CapTerms,
+        ask: LeaseAsk,
+    ) -> StoreResult<LeaseGrant>;
+    /// [`LeaseStore::release_lease`] on a cap pool.
+    async fn release_cap_lease(
+        &self,
+        replica: &str,
+        pool: &CapPool,
+        amount: Pen,
+    ) -> StoreResult<Option<LeaseReading>>;
+    /// [`LeaseStore::heartbeat`] for `replica`'s leases on cap pools.
+    async fn cap_heartbeat(&self, replica: &str) -> StoreResult<Vec<(CapPool, LeaseReading)>>;
+    /// What each of a tenant's cap pools has spent: `(pool id, limit, spent)`, for the account
+    /// views (pools with ids in `pools` only).
+    async fn cap_spent(&self, pools: &[String]) -> StoreResult<Vec<(String, Pen, Pen)>>;
     /// Zeroes the leases whose heartbeat is older than `now - max_age_ms` (their replica is
     /// presumed dead: the money goes back to its tenant) and returns how many. The rows stay,
     /// with what they recorded, so a replica that was only cut off lines up again.
@@ -772,12 +835,28 @@ mod tests {
 
     #[test]
     fn replica_signals_round_trip_and_unknown_text_is_ignored() {
+        let cap = Pool::Cap(CapPool::parse("key:key_8f2c:day:2026-11-27", 7).unwrap());
+        assert_eq!(
+            ReplicaSignal::from_payload("recall 7 gw-1:42~00ff"),
+            Some(ReplicaSignal::RecallLeases {
+                pool: Pool::Balance(7),
+                by: "gw-1:42~00ff".into()
+            }),
+            "the text replicas without caps send"
+        );
         for s in [
             ReplicaSignal::RecallLeases {
-                tenant: 7,
+                pool: Pool::Balance(7),
                 by: "gw-1:42~00ff".into(),
             },
-            ReplicaSignal::LeasesReturned { tenant: 12 },
+            ReplicaSignal::LeasesReturned {
+                pool: Pool::Balance(12),
+            },
+            ReplicaSignal::RecallLeases {
+                pool: cap.clone(),
+                by: "gw-2:1~ab".into(),
+            },
+            ReplicaSignal::LeasesReturned { pool: cap },
         ] {
             assert_eq!(ReplicaSignal::from_payload(&s.to_payload()), Some(s));
         }
@@ -788,6 +867,9 @@ mod tests {
             "recall 7",
             "returned 7 extra",
             "later 7",
+            "recall-cap 7 balance:7 r",
+            "returned-cap 8 tenant:7:month:2026-11",
+            "returned-cap 7",
         ] {
             assert_eq!(ReplicaSignal::from_payload(bad), None, "{bad}");
         }

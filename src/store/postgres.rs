@@ -297,6 +297,7 @@ macro_rules! with_retry {
 }
 
 // After `db_now_ms!` and `with_retry!`, which they use.
+mod caps;
 mod leases;
 mod ledger;
 mod replicas;

@@ -97,6 +97,11 @@ impl RawLedgerRow {
         -Pen::from_picos(i128::from(self.delta))
     }
 
+    /// The ids of the cap pools it reserved against.
+    pub(crate) fn cap_pools(&self) -> impl Iterator<Item = &str> {
+        self.caps.split(',').filter(|p| !p.is_empty())
+    }
+
     pub(crate) fn into_row(self) -> StoreResult<LedgerRow> {
         // Every field, so that a new one cannot be forgotten here.
         let RawLedgerRow {

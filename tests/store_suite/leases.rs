@@ -131,7 +131,7 @@ pub(super) async fn a_heartbeat_between_a_write_and_its_answer_counts_the_charge
     // The heartbeat reads the charged row and is answered first.
     a.heartbeat().await.unwrap();
     assert_eq!(a.view(t).available, soles("0.50"), "after the heartbeat");
-    a.recorded(sent, &recorded.leases);
+    a.recorded(sent, &recorded);
     let v = a.view(t);
     assert_eq!((v.lease, v.unrecorded), (soles("0.50"), Pen::ZERO));
     assert_eq!(v.available, soles("0.50"), "after the write's answer");

@@ -18,8 +18,8 @@ use super::{PgErr, PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::sql_money::{pen_from_text, pen_to_text};
 use crate::store::{
-    check_quota_asks, LeaseAsk, LeaseGrant, LeaseReading, LeaseStore, QuotaAsk, QuotaGrant,
-    StoreError, StoreResult, TenantId, UnixMs,
+    check_quota_asks, CapPool, CapTerms, LeaseAsk, LeaseGrant, LeaseReading, LeaseStore, QuotaAsk,
+    QuotaGrant, StoreError, StoreResult, TenantId, UnixMs,
 };
 use async_trait::async_trait;
 use quipu_core::billing::lease::lease_grant;
@@ -332,15 +332,45 @@ impl LeaseStore for PgStore {
         with_retry!(self, c => heartbeat_q(c, replica))
     }
 
+    async fn grant_cap_lease(
+        &self,
+        replica: &str,
+        pool: &CapPool,
+        terms: CapTerms,
+        ask: LeaseAsk,
+    ) -> StoreResult<LeaseGrant> {
+        self.grant_cap(replica, pool, terms, ask).await
+    }
+
+    async fn release_cap_lease(
+        &self,
+        replica: &str,
+        pool: &CapPool,
+        amount: Pen,
+    ) -> StoreResult<Option<LeaseReading>> {
+        self.release_cap(replica, pool, amount).await
+    }
+
+    async fn cap_heartbeat(&self, replica: &str) -> StoreResult<Vec<(CapPool, LeaseReading)>> {
+        self.heartbeat_caps(replica).await
+    }
+
+    async fn cap_spent(&self, pools: &[String]) -> StoreResult<Vec<(String, Pen, Pen)>> {
+        self.caps_spent(pools).await
+    }
+
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
-        with_retry!(self, c => reclaim_q(c, max_age_ms))
+        let caps = with_retry!(self, c => super::caps::reclaim_q(c, max_age_ms))?;
+        Ok(with_retry!(self, c => reclaim_q(c, max_age_ms))? + caps)
     }
 
     async fn forget_silent_leases(&self, max_age_ms: i64) -> StoreResult<u64> {
-        with_retry!(self, c => forget_q(c, max_age_ms))
+        let caps = with_retry!(self, c => super::caps::forget_q(c, max_age_ms))?;
+        Ok(with_retry!(self, c => forget_q(c, max_age_ms))? + caps)
     }
 
     async fn drop_leases(&self, replica: &str) -> StoreResult<()> {
+        with_retry!(self, c => super::caps::drop_q(c, replica))?;
         with_retry!(self, c => drop_leases_q(c, replica))
     }
 

@@ -86,7 +86,10 @@ async fn top_up_tx(
     let balance = pen_from_text(&after.try_get::<_, String>(0)?, "tenants.balance")?;
     // Replicas that found the tenant's balance all leased refuse from memory for a moment:
     // tell them money arrived (delivered at commit, not before).
-    let arrived = ReplicaSignal::LeasesReturned { tenant }.to_payload();
+    let arrived = ReplicaSignal::LeasesReturned {
+        pool: crate::store::Pool::Balance(tenant),
+    }
+    .to_payload();
     tx.execute_typed(
         "SELECT pg_notify($1, $2)",
         &[
@@ -147,7 +150,7 @@ static INSERT_LEDGER_ROWS: LazyLock<String> = LazyLock::new(|| {
          SELECT 'request', {cols} FROM {unnest}
          ON CONFLICT (entry_id) DO NOTHING
          RETURNING tenant_id, delta, at, key_id, model, input_tokens, cached_tokens,
-                   output_tokens",
+                   output_tokens, caps",
         cols = names(LEDGER_COLUMNS),
         unnest = unnest(LEDGER_COLUMNS, "u"),
     )
@@ -174,10 +177,19 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
     }
     let inserted = tx.query_typed(&INSERT_LEDGER_ROWS, &b.pg_params()).await?;
     let mut charged: BTreeMap<i64, Pen> = BTreeMap::new();
+    // Per cap pool the new rows were reserved against: its tenant and what they charge it.
+    let mut caps: BTreeMap<String, (i64, Pen)> = BTreeMap::new();
     for r in &inserted {
         let tenant: i64 = r.try_get(0)?;
-        let delta: i64 = r.try_get(1)?;
-        *charged.entry(tenant).or_default() += -Pen::from_picos(i128::from(delta));
+        let charge = -Pen::from_picos(i128::from(r.try_get::<_, i64>(1)?));
+        *charged.entry(tenant).or_default() += charge;
+        for pool in r
+            .try_get::<_, &str>(8)?
+            .split(',')
+            .filter(|p| !p.is_empty())
+        {
+            caps.entry(pool.to_owned()).or_insert((tenant, Pen::ZERO)).1 += charge;
+        }
     }
     let mut new_rows = Vec::with_capacity(inserted.len());
     for r in &inserted {
@@ -225,10 +237,12 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
             leases.push((r.try_get::<_, i64>(0)?, leases::reading(r, 1)?));
         }
     }
+    let cap_leases = super::caps::charge_caps(&tx, replica, &caps).await?;
     tx.commit().await?;
     Ok(Recorded {
         new: inserted.len() as u64,
         leases,
+        cap_leases,
     })
 }
 

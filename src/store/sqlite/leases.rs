@@ -15,8 +15,8 @@ use super::{sql_err, write_tx, SqliteStore};
 use crate::money::Pen;
 use crate::store::sql_money::{pen_from_text, pen_to_text};
 use crate::store::{
-    check_quota_asks, now_ms, LeaseAsk, LeaseGrant, LeaseReading, LeaseStore, QuotaAsk, QuotaGrant,
-    ReplicaChannel, StoreError, StoreResult, TenantId, UnixMs,
+    check_quota_asks, now_ms, CapPool, CapTerms, LeaseAsk, LeaseGrant, LeaseReading, LeaseStore,
+    QuotaAsk, QuotaGrant, ReplicaChannel, StoreError, StoreResult, TenantId, UnixMs,
 };
 use async_trait::async_trait;
 use quipu_core::billing::lease::lease_grant;
@@ -181,6 +181,7 @@ fn heartbeat(conn: &mut Connection, replica: String) -> StoreResult<Vec<(TenantI
 
 fn reclaim_stale_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
     let cutoff = now_ms().saturating_sub(max_age_ms);
+    let caps = super::caps::reclaim(conn, cutoff)?;
     let n = conn
         .execute(
             "UPDATE leases SET amount = '0', version = version + 1
@@ -188,21 +189,23 @@ fn reclaim_stale_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u
             params![cutoff],
         )
         .map_err(sql_err)?;
-    Ok(n as u64)
+    Ok(n as u64 + caps)
 }
 
 fn forget_silent_leases(conn: &mut Connection, max_age_ms: i64) -> StoreResult<u64> {
     let cutoff = now_ms().saturating_sub(max_age_ms);
+    let caps = super::caps::forget(conn, cutoff)?;
     let n = conn
         .execute(
             "DELETE FROM leases WHERE heartbeat_at < ?1",
             params![cutoff],
         )
         .map_err(sql_err)?;
-    Ok(n as u64)
+    Ok(n as u64 + caps)
 }
 
 fn drop_leases(conn: &mut Connection, replica: String) -> StoreResult<()> {
+    super::caps::drop_all(conn, &replica)?;
     conn.execute("DELETE FROM leases WHERE replica = ?1", params![replica])
         .map_err(sql_err)?;
     Ok(())
@@ -300,6 +303,33 @@ impl LeaseStore for SqliteStore {
     async fn heartbeat(&self, replica: &str) -> StoreResult<Vec<(TenantId, LeaseReading)>> {
         let replica = replica.to_owned();
         self.run(move |conn| heartbeat(conn, replica)).await
+    }
+
+    async fn grant_cap_lease(
+        &self,
+        replica: &str,
+        pool: &CapPool,
+        terms: CapTerms,
+        ask: LeaseAsk,
+    ) -> StoreResult<LeaseGrant> {
+        self.grant_cap(replica, pool, terms, ask).await
+    }
+
+    async fn release_cap_lease(
+        &self,
+        replica: &str,
+        pool: &CapPool,
+        amount: Pen,
+    ) -> StoreResult<Option<LeaseReading>> {
+        self.release_cap(replica, pool, amount).await
+    }
+
+    async fn cap_heartbeat(&self, replica: &str) -> StoreResult<Vec<(CapPool, LeaseReading)>> {
+        self.heartbeat_caps(replica).await
+    }
+
+    async fn cap_spent(&self, pools: &[String]) -> StoreResult<Vec<(String, Pen, Pen)>> {
+        self.caps_spent(pools).await
     }
 
     async fn reclaim_stale_leases(&self, max_age_ms: i64) -> StoreResult<u64> {

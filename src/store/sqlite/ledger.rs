@@ -78,6 +78,8 @@ fn record(
     }
     let mut inserted = 0u64;
     let mut new_rows = Vec::with_capacity(rows.len());
+    // Per cap pool the new rows were reserved against: its tenant and what they charge it.
+    let mut caps: BTreeMap<String, (TenantId, Pen)> = BTreeMap::new();
     {
         let mut stmt = tx
             .prepare_cached(q::INSERT_REQUEST_ROW.get(Backend::Sqlite))
@@ -98,6 +100,12 @@ fn record(
                 if let Some(t) = tenants.get_mut(&row.tenant_id) {
                     t.1 += row.charge();
                 }
+                for pool in row.cap_pools() {
+                    let slot = caps
+                        .entry(pool.to_owned())
+                        .or_insert((row.tenant_id, Pen::ZERO));
+                    slot.1 += row.charge();
+                }
             }
         }
     }
@@ -117,10 +125,12 @@ fn record(
             ));
         }
     }
+    let cap_leases = super::caps::charge_caps(&tx, &replica, &caps)?;
     tx.commit().map_err(sql_err)?;
     Ok(Recorded {
         new: inserted,
         leases,
+        cap_leases,
     })
 }
 

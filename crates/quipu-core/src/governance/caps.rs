@@ -222,6 +222,27 @@ impl CapRefusal {
         })
     }
 
+    /// The refusal by one cap whose book (the reservation against its pool) found only
+    /// `available` left for a request that may cost `worst`: what the book decided, named and
+    /// timed like [`CapRefusal::check`]'s.
+    pub fn reached(
+        active: ActiveCap,
+        available: Pen,
+        worst: Pen,
+        zone: Zone,
+        now_ms: i64,
+    ) -> CapRefusal {
+        CapRefusal {
+            shortfalls: vec![Shortfall {
+                active,
+                available: available.max(Pen::ZERO),
+                worst,
+            }],
+            retry_after: active.span.retry_after_secs(now_ms).map(|s| s.max(1)),
+            zone,
+        }
+    }
+
     /// Whether a `total` cap is among those refused (402 rather than 429).
     pub fn is_total(&self) -> bool {
         self.retry_after.is_none()
