@@ -5,6 +5,7 @@ streams, on an engine with 8 slots, with and without Quipu's queue.
     python3 benches/fairness.py                 # every scenario, 30 s each
     python3 benches/fairness.py --seconds 10    # shorter
     python3 benches/fairness.py --weights       # also: tenants of weight 1 and 3, both saturating
+    python3 benches/fairness.py --batch         # also: a batch key alone, then an interactive one
 
 The engine is the simulator with `--max-num-seqs 8` (FIFO beyond its slots, as vLLM's scheduler
 does, with vLLM's running/waiting gauges). Tenant A keeps 32 streams of 40 tokens (20 ms a
@@ -73,7 +74,8 @@ class Gateway:
     """One Quipu in front of the simulator, with tenants `a` and `b` (and `c` of weight 3 when
     asked), each with a key."""
 
-    def __init__(self, name: str, sim_port: int, max_concurrency: int | None, weights: dict[str, int]):
+    def __init__(self, name: str, sim_port: int, max_concurrency: int | None, weights: dict[str, int],
+                 batch: tuple[str, ...] = ()):
         self.port, mport, aport = free_port(), free_port(), free_port()
         cfg = WORK / f"{name}.toml"
         cap = f"max_concurrency = {max_concurrency}\n" if max_concurrency else ""
@@ -108,7 +110,9 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
             if weight != 1:
                 run("tenant", "update", tenant, "--weight", str(weight))
             run("topup", "--tenant", tenant, "--amount", "1000000.00")
-            self.keys[tenant] = json.loads(run("key", "create", "--tenant", tenant, "--json").stdout)["secret"]
+            priority = ["--priority", "batch"] if tenant in batch else []
+            self.keys[tenant] = json.loads(run("key", "create", "--tenant", tenant, *priority,
+                                               "--json").stdout)["secret"]
         self.proc = Proc(name, [q, "--config", str(cfg), "serve"])
         wait_http(f"http://127.0.0.1:{self.port}/health")
         time.sleep(1.0)  # the key snapshot
@@ -224,10 +228,34 @@ def weights_scenario(sim_port: int, gw: Gateway, seconds: float) -> dict:
     return {"weight_1_tokens": t1, "weight_3_tokens": t3, "ratio": t3 / t1 if t1 else float("nan")}
 
 
+def batch_scenario(sim_port: int, gw: Gateway, seconds: float) -> dict:
+    """A batch key saturating alone, then an interactive tenant arriving: the batch's share of
+    the engine alone, and the interactive tenant's time to first token while the batch runs."""
+    batch = Load([gw.port], [gw.keys["d"]], A_STREAMS, "batch")
+    time.sleep(3.0)
+    engine(sim_port, "/sim/reset")
+    batch.counting = True
+    time.sleep(seconds / 2)
+    alone = engine(sim_port, "/sim/engine").get("utilization")
+    started = time.monotonic()
+    ttft = []
+    k = 0
+    while time.monotonic() - started < seconds / 2:
+        first, _ = stream(gw.port, gw.keys["b"], f"i{k}")
+        k += 1
+        if first is not None:
+            ttft.append(first)
+    batch.end()
+    return {"alone_utilization": alone, "b_requests": len(ttft), "b_p50": pct(ttft, 0.5),
+            "b_p99": pct(ttft, 0.99)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--weights", action="store_true", help="also the weights 1 : 3 scenario")
+    ap.add_argument("--weights-seconds", type=float, default=60, help="how long the weights scenario counts")
+    ap.add_argument("--batch", action="store_true", help="also the batch-priority scenario")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks-fairness.md"))
     args = ap.parse_args()
     s, sim_port = sim()
@@ -238,10 +266,11 @@ def main() -> int:
         gws.append(plain)
         rows.append(scenario("quipu (no max_concurrency)", sim_port, [plain.port], [plain.keys["a"]], [plain.keys["b"]], args.seconds))
         plain.proc.stop()
-        one = Gateway("one", sim_port, SLOTS, {"a": 1, "b": 1, "c": 3})
+        one = Gateway("one", sim_port, SLOTS, {"a": 1, "b": 1, "c": 3, "d": 1}, batch=("d",))
         gws.append(one)
         rows.append(scenario("quipu (max_concurrency = 8)", sim_port, [one.port], [one.keys["a"]], [one.keys["b"]], args.seconds))
-        weights = weights_scenario(sim_port, one, args.seconds) if args.weights else None
+        weights = weights_scenario(sim_port, one, args.weights_seconds) if args.weights else None
+        batch = batch_scenario(sim_port, one, args.seconds) if args.batch else None
         one.proc.stop()
         g1 = Gateway("g1", sim_port, SLOTS, {"a": 1, "b": 1})
         g2 = Gateway("g2", sim_port, SLOTS, {"a": 1, "b": 1})
@@ -264,6 +293,13 @@ def main() -> int:
     if weights:
         lines += ["", f"Weights 1 : 3, both tenants saturating through one Quipu: output tokens "
                       f"{weights['weight_1_tokens']} : {weights['weight_3_tokens']} = 1 : {weights['ratio']:.2f}."]
+    if batch:
+        util = batch["alone_utilization"]
+        util = f"{util * 100:.1f} %" if isinstance(util, (int, float)) else "–"
+        lines += ["", f"Batch priority through one Quipu (`max_concurrency = 8`): a batch key with 32 streams "
+                      f"alone keeps {util} of the engine's slots busy; then an interactive tenant's time to "
+                      f"first token while the batch runs: p50 {batch['b_p50']:.3f} s, p99 {batch['b_p99']:.3f} s "
+                      f"({batch['b_requests']} requests)."]
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out)

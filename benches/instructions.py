@@ -5,6 +5,7 @@ with the machine's load, for before/after comparisons of a change.
     python3 benches/instructions.py                                  # this build
     python3 benches/instructions.py --baseline OLD/quipu             # and an earlier build
     python3 benches/instructions.py --kinds chat,messages,responses  # the three formats
+    python3 benches/instructions.py --baseline OLD/quipu --governed  # and a key with a model list and caps
 
 Each build serves the same number of requests of each kind (non-streaming and streaming, four
 keep-alive connections at a time: per-request cost, as wrk measures it) from the simulator,
@@ -86,7 +87,7 @@ def post(conn: http.client.HTTPConnection, key: str, path: str, body: dict, stre
 
 
 def measure(exe: str, sim_port: int, work: Path, label: str, per_kind: int, kinds: list[str],
-            bare: bool = False) -> dict:
+            bare: bool = False, governed: bool = False) -> dict:
     """One build under callgrind; `bare`: the bare Pingora forwarder (chat requests only, no key)."""
     port, mport = free_port(), free_port()
     out = work / f"{label}.callgrind"
@@ -120,7 +121,10 @@ prices = {{ input = "0.20", cached = "0.05", output = "0.80" }}
     run = lambda *a: subprocess.run([exe, "--config", str(cfg), *a], check=True, capture_output=True, text=True, env=env)  # noqa: E731
     run("tenant", "create", "bench")
     run("topup", "--tenant", "bench", "--amount", "1000000.00")
-    key = json.loads(run("key", "create", "--tenant", "bench", "--json").stdout)["secret"]
+    limits = ["--models", "colibri,colib*", "--budget", "1000000.00", "--budget-period", "day"] if governed else []
+    if governed:
+        run("tenant", "update", "bench", "--monthly-cap", "1000000.00")
+    key = json.loads(run("key", "create", "--tenant", "bench", *limits, "--json").stdout)["secret"]
     serve_env = {k: v for k, v in os.environ.items() if k not in ("QUIPU_LOG", "RUST_LOG")}
     proc = subprocess.Popen([*valgrind, exe, "--config", str(cfg), "serve"], env=serve_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -188,6 +192,8 @@ def main() -> int:
                     help="request kinds, of chat,messages,responses,responses_unstored (an earlier build may lack responses)")
     ap.add_argument("--bare", action="store_true",
                     help="also count the bare Pingora forwarder (benches/bare-forwarder), chat requests only")
+    ap.add_argument("--governed", action="store_true",
+                    help="the key has a model list and a daily cap, its tenant a monthly cap")
     ap.add_argument("--tls", action="store_true", help="serve over TLS (a test CA), keep-alive connections")
     args = ap.parse_args()
     if not shutil.which("valgrind"):
@@ -205,7 +211,10 @@ def main() -> int:
         wait_http(f"http://127.0.0.1:{sim_port}/health")
         builds = [("now", str(REL / "quipu"))] + ([("baseline", args.baseline)] if args.baseline else [])
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-        results = [measure(exe, sim_port, work, f"{label}{k}", args.requests, kinds)
+        if args.governed:
+            builds.append(("governed", str(REL / "quipu")))
+        results = [measure(exe, sim_port, work, f"{label}{k}", args.requests, kinds,
+                           governed=label == "governed")
                    for k in range(args.rounds) for label, exe in builds]
         if args.bare:
             results += [measure(str(REL / "bare-forwarder"), sim_port, work, f"bare{k}", args.requests,
@@ -221,6 +230,13 @@ def main() -> int:
         before = [r["per_request"] for r in results if r["label"].startswith("baseline")]
         print(f"now / baseline: {min(now) / min(before):.3f} (lowest of each), "
               f"{max(now) / max(before):.3f} (highest of each)")
+        governed = [r for r in results if r["label"].startswith("governed")]
+        if governed:
+            print(f"governed / baseline: {min(r['per_request'] for r in governed) / min(before):.3f} (lowest of each)")
+        for kind in results[0]["by_kind"]:
+            per = lambda prefix: min(r["by_kind"][kind] for r in results if r["label"].startswith(prefix))  # noqa: E731
+            extra = f", governed {per('governed') / per('baseline'):.3f}" if governed else ""
+            print(f"  {kind}: now {per('now') / per('baseline'):.3f}{extra}")
     if args.bare:
         for kind in ("chat", "chat_stream"):
             now = min(r["by_kind"][kind] for r in results if r["label"].startswith("now"))

@@ -36,7 +36,7 @@ PROMPT = 'type=~"input|cached_input"'
 OUTPUT = 'type="output"'
 HIT = 'outcome="hit"'
 SOLES = "prefix:S/ "
-TENANT_VALUES = 'label_values({__name__=~"quipu_tokens_total|quipu_billing_refused_total|quipu_rate_limited_total"}, tenant)'
+TENANT_VALUES = 'label_values({__name__=~"quipu_tokens_total|quipu_billing_refused_total|quipu_cap_refused_total|quipu_rate_limited_total"}, tenant)'
 
 
 def j(*selectors: str) -> str:
@@ -546,6 +546,8 @@ def billing() -> dict:
                      [(f"sum by (tenant, scope, limit) ({rate('quipu_rate_limited_total', T)}) * 60", "{{tenant}} {{scope}} {{limit}}")], "reqpm"), 12, 8)
     b.add(timeseries("Insufficient balance (402)", "Requests refused with 402 per minute by tenant: the balance did not cover the request's worst-case cost.",
                      [(f"sum by (tenant) ({rate('quipu_billing_refused_total', T)}) * 60", "{{tenant}}")], "reqpm"), 12, 8)
+    b.add(timeseries("Spend caps reached", "Requests refused per minute by a spend cap (429 until the period ends, 402 for a total cap), by tenant and cap: the key's or the tenant's monthly.",
+                     [(f"sum by (tenant, cap) ({rate('quipu_cap_refused_total', T)}) * 60", "{{tenant}} {{cap}}")], "reqpm"), 12, 8)
 
     b.row("Reservations and ledger")
     b.add(timeseries("Open reservations", "Admitted requests holding a reservation (quipu_reservations_open).",

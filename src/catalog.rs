@@ -60,30 +60,23 @@ struct ModelsBody<'a> {
     last_id: Option<&'a str>,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Rates {
-    #[serde(rename = "inputPerMillionPEN")]
-    input: Box<RawValue>,
-    #[serde(rename = "cachePerMillionPEN")]
-    cache: Box<RawValue>,
-    #[serde(rename = "outputPerMillionPEN")]
-    output: Box<RawValue>,
-}
+/// An object of named entries in the order given: a model's rates (`Prices::published`), or
+/// the models' rates in the config's order.
+struct Ordered<'a, V>(Vec<(&'a str, V)>);
 
-/// Model → rates, serialised as an object in the config's model order.
-struct RatesBySlug<'a>(Vec<(&'a str, Rates)>);
-
-impl Serialize for RatesBySlug<'_> {
+impl<V: Serialize> Serialize for Ordered<'_, V> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(self.0.len()))?;
-        for (slug, rates) in &self.0 {
-            map.serialize_entry(slug, rates)?;
+        for (name, value) in &self.0 {
+            map.serialize_entry(name, value)?;
         }
         map.end()
     }
 }
+
+type Rates = Ordered<'static, Box<RawValue>>;
+type RatesBySlug<'a> = Ordered<'a, Rates>;
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -156,17 +149,16 @@ impl Catalog {
 
         let mut per_million = Vec::with_capacity(config.models.len());
         for m in &config.models {
-            let rates = Rates {
-                input: number(m.prices.input.per_million().to_json_number())?,
-                cache: number(m.prices.cached.per_million().to_json_number())?,
-                output: number(m.prices.output.per_million().to_json_number())?,
-            };
-            per_million.push((m.slug.as_str(), rates));
+            let mut rates = Vec::new();
+            for (name, rate) in m.prices.published() {
+                rates.push((name, number(rate.per_million().to_json_number())?));
+            }
+            per_million.push((m.slug.as_str(), Ordered(rates)));
         }
         let min_top_up = number(config.billing.min_top_up.to_json_number())?;
         let pricing = PricingBody {
             currency: "PEN",
-            per_million_tokens: RatesBySlug(per_million),
+            per_million_tokens: Ordered(per_million),
             min_top_up: &min_top_up,
         };
         let plans = PlansBody {
@@ -240,6 +232,21 @@ mod tests {
         assert_eq!(v["perMillionTokens"]["apu"]["outputPerMillionPEN"], 12);
         assert_eq!(v["perMillionTokens"]["colibri"]["cachePerMillionPEN"], 0.05);
         assert_eq!(v["minTopUpPEN"], 10);
+    }
+
+    #[test]
+    fn pricing_publishes_every_rate_of_every_model() {
+        let v: Value = serde_json::from_slice(&catalog().pricing).unwrap();
+        let config = Config::parse(EMBEDDED_DEFAULT, "t").unwrap();
+        for m in &config.models {
+            let shown = v["perMillionTokens"][m.slug.as_str()].as_object().unwrap();
+            let published = m.prices.published();
+            assert_eq!(shown.len(), published.len(), "{}: {shown:?}", m.slug);
+            for (name, rate) in published {
+                let exact = rate.per_million().to_json_number();
+                assert_eq!(shown[name].to_string(), exact, "{} {name}", m.slug);
+            }
+        }
     }
 
     #[test]

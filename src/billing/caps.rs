@@ -6,9 +6,8 @@
 //! [`Accounts::reserve_with_caps`]: super::Accounts::reserve_with_caps
 
 use super::accounts::CapClaim;
-use crate::auth::Principal;
 use crate::money::Pen;
-use crate::store::{CapPool, CapTerms};
+use crate::store::{CapPool, CapTerms, KeyRules, TenantId, TenantRules, Zone};
 use quipu_core::billing::pool::CapOwner as PoolOwner;
 use quipu_core::governance::caps::{ActiveCap, CapOwner, CapRefusal};
 use quipu_core::governance::periods::PeriodError;
@@ -29,12 +28,24 @@ pub fn period_clock_ms() -> i64 {
     crate::store::now_ms().saturating_add(*OFFSET_MS)
 }
 
-/// The caps in force on a request of `p` at `now_ms` (its key's, then its tenant's), each
-/// with the pool it reserves against.
-pub fn claims(p: &Principal, now_ms: i64) -> Result<Vec<(ActiveCap, CapClaim)>, PeriodError> {
-    let zone = p.tenant_rules.zone;
-    let key = p.rules.cap.map(|cap| (CapOwner::Key, cap));
-    let tenant = p
+/// The key of a request: whose caps apply to it.
+#[derive(Clone, Copy, Debug)]
+pub struct CapHolder<'a> {
+    pub tenant: TenantId,
+    pub key_id: &'a str,
+    pub rules: &'a KeyRules,
+    pub tenant_rules: &'a TenantRules,
+}
+
+/// The caps in force on a request of `holder` at `now_ms` (its key's, then its tenant's),
+/// each with the pool it reserves against.
+pub fn claims(
+    holder: CapHolder<'_>,
+    now_ms: i64,
+) -> Result<Vec<(ActiveCap, CapClaim)>, PeriodError> {
+    let zone = holder.tenant_rules.zone;
+    let key = holder.rules.cap.map(|cap| (CapOwner::Key, cap));
+    let tenant = holder
         .tenant_rules
         .monthly_cap
         .and_then(|amount| quipu_core::governance::caps::Cap::new(amount, monthly()).ok())
@@ -43,9 +54,9 @@ pub fn claims(p: &Principal, now_ms: i64) -> Result<Vec<(ActiveCap, CapClaim)>, 
     for (owner, cap) in key.into_iter().chain(tenant) {
         let active = ActiveCap::current(owner, cap, zone, now_ms)?;
         let pool = CapPool {
-            tenant: p.tenant_id,
+            tenant: holder.tenant,
             owner: match owner {
-                CapOwner::Key => PoolOwner::Key(p.key_id.clone()),
+                CapOwner::Key => PoolOwner::Key(holder.key_id.to_owned()),
                 CapOwner::Tenant => PoolOwner::Tenant,
             },
             period: active.span.key(),
@@ -69,8 +80,8 @@ pub fn refusal(
     active: ActiveCap,
     available: Pen,
     worst: Pen,
-    p: &Principal,
+    zone: Zone,
     now_ms: i64,
 ) -> CapRefusal {
-    CapRefusal::reached(active, available, worst, p.tenant_rules.zone, now_ms)
+    CapRefusal::reached(active, available, worst, zone, now_ms)
 }

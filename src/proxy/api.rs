@@ -142,7 +142,13 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
     let quote = policy::quote(req.prompt_size(), model.context_window, &model.prices);
     let p = &caller.principal;
     let now = crate::billing::caps::period_clock_ms();
-    let mut caps = crate::billing::caps::claims(p, now).map_err(|e| {
+    let holder = crate::billing::caps::CapHolder {
+        tenant: p.tenant_id,
+        key_id: &p.key_id,
+        rules: &p.rules,
+        tenant_rules: &p.tenant_rules,
+    };
+    let mut caps = crate::billing::caps::claims(holder, now).map_err(|e| {
         log::error!(
             "the cap periods of tenant {} cannot be counted: {e}",
             p.tenant_name
@@ -176,7 +182,13 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
                     super::internal_error(),
                 ));
             };
-            let refusal = crate::billing::caps::refusal(active, available, quote.worst, p, now);
+            let refusal = crate::billing::caps::refusal(
+                active,
+                available,
+                quote.worst,
+                p.tenant_rules.zone,
+                now,
+            );
             m().cap_refused
                 .with_label_values(&[&p.tenant_name, active.owner.as_str()])
                 .inc();

@@ -271,6 +271,8 @@ class Stack:
         self.keys["andes"] = gw.new_tenant("andes")[1]
         self.keys["thin"] = gw.new_tenant("thin", top_up="10.00")[1]
         self.keys["limited"] = gw.new_tenant("limited", rpm=1)[1]
+        # A key whose daily cap is smaller than an apu request's worst case: refused by its cap.
+        self.keys["capped"] = gw.new_tenant("capped", budget="0.01", **{"budget-period": "day"})[1]
         return self
 
     def stop(self) -> None:
@@ -373,6 +375,7 @@ def drive_traffic(stack: Stack, nonce: str = "") -> dict[str, int]:
     note("402 thin", _chat(gw, thin, "hola [[sim: tokens=5]]", model="apu", max_tokens=8192))
     note("429 first", _chat(gw, limited, "hola [[sim: tokens=2]]"))
     note("429 second", _chat(gw, limited, "hola [[sim: tokens=2]]"))
+    note("429 cap", _chat(gw, stack.keys["capped"], "hola [[sim: tokens=2]]", model="apu", max_tokens=64))
 
     # Upstream faults: 5xx, 503 on both replicas (a retry, then overloaded), broken streams,
     # a timeout, a client that hangs up mid-stream.

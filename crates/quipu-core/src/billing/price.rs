@@ -3,7 +3,8 @@
 //! Rates are per million tokens ([`Rate`]); `Rate::cost` is exact, so a charge is never
 //! rounded. A new rule (a per-tenant discount, a minimum charge, a price per image) changes
 //! [`Prices::charge`] — and [`Prices::worst_case`], which must stay an upper bound of it so
-//! that no charge exceeds its reservation — and adds its tests below.
+//! that no charge exceeds its reservation — and adds its tests below. A new rate is published
+//! in `/v1/pricing` by naming it in [`Prices::published`].
 
 use crate::money::{Pen, Rate};
 use crate::usage::Usage;
@@ -17,6 +18,22 @@ pub struct Prices {
 }
 
 impl Prices {
+    /// Every rate with the name `/v1/pricing` publishes it under, in the order it is shown.
+    /// The catalog writes exactly these, so a rate added to `Prices` fails to compile here
+    /// until it is named, and cannot be left out of the published prices.
+    pub fn published(&self) -> [(&'static str, Rate); 3] {
+        let Prices {
+            input,
+            cached,
+            output,
+        } = *self;
+        [
+            ("inputPerMillionPEN", input),
+            ("cachePerMillionPEN", cached),
+            ("outputPerMillionPEN", output),
+        ]
+    }
+
     /// uncached input × input rate + cached input × cache rate + output × output rate.
     pub fn charge(&self, usage: &Usage) -> Pen {
         self.input.cost(usage.uncached_input())
