@@ -103,14 +103,24 @@ impl<'a> Queued<'a> {
 impl Dispatcher {
     /// The dispatcher of pool `slug` with `max_concurrency` per replica (indexed as the pool's
     /// replicas are).
+    /// `gateways`: the gateway replicas in front of the same engines (`scheduling.gateways`);
+    /// each is guaranteed its share of a replica's slots (see `schedule::capacity`).
     pub fn new(
         slug: &str,
         config: SchedulerConfig,
+        gateways: NonZeroU32,
         max_concurrency: &[Option<NonZeroU32>],
         replica_urls: Vec<String>,
     ) -> Result<Dispatcher, String> {
-        let scheduler = Scheduler::new(config, max_concurrency)
+        let mut scheduler = Scheduler::new(config, max_concurrency)
             .map_err(|e| format!("model `{slug}`: {e:?}"))?;
+        // Gateways do not know their rank among each other: with a remainder, each counts on
+        // the larger share (`ordinal` 0), which oversubscribes by at most the remainder.
+        let gateways = quipu_core::schedule::Gateways {
+            count: gateways.get(),
+            ordinal: 0,
+        };
+        let _ = scheduler.set_gateways(gateways, quipu_core::schedule::Millis(0));
         let depth = [Priority::Interactive, Priority::Batch]
             .map(|p| m().queue_depth.with_label_values(&[slug, p.as_str()]));
         for reason in [

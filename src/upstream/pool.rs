@@ -194,6 +194,7 @@ impl ModelPool {
             Some(n) => Some(Arc::new(Dispatcher::new(
                 &model.slug,
                 scheduling.scheduler,
+                scheduling.gateways,
                 &vec![Some(n); model.replicas.len()],
                 model.replicas.iter().map(|r| r.url.clone()).collect(),
             )?)),

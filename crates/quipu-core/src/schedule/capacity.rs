@@ -18,6 +18,14 @@
 //!   Other gateways' dispatches and releases show up at the next report; until then a replica
 //!   may get a few more requests than it has slots (they wait in the engine briefly, and the
 //!   next report stops everyone), or fewer (a slot idles until the report).
+//!   With several gateways, each is also **guaranteed its share** of `cap` (below): a gateway
+//!   running fewer than its share may dispatch up to it even when the report says the engine
+//!   is full. Without it, the gateway that holds the slots would starve the others: it sees
+//!   its own requests end at once and refills their slots, while the others see a slot free
+//!   only at the next report, when it is taken again. With the guarantee, the others'
+//!   requests wait in the engine's queue for at most one sequence, the report's `waiting`
+//!   stops the gateways above their share, and each keeps what it then holds while it has
+//!   work: a slot its own request frees is its own to refill.
 //! - **A cap and no fresh report**: this gateway runs at most its share of `cap`:
 //!   `cap / gateways`, the remainder going to the lowest ordinals, so the shares add up to
 //!   exactly `cap` — but at least 1, so that no gateway is shut out of a replica with fewer
@@ -164,6 +172,16 @@ impl ReplicaSlots {
                 (false, None) => Free::Unbounded,
                 (false, Some(l)) => Free::Slots(l.saturating_sub(in_use)),
             };
+            let guaranteed = match cap {
+                Some(c) if gateways.count > 1 => share(c, gateways),
+                _ => 0,
+            };
+            let free = match free {
+                Free::Slots(n) if self.local < guaranteed => {
+                    Free::Slots(n.max(guaranteed - self.local))
+                }
+                other => other,
+            };
             return Occupancy {
                 basis: Basis::Reported,
                 in_use,
@@ -231,6 +249,53 @@ mod tests {
 
     fn occ(r: &ReplicaSlots, now: u64) -> Occupancy {
         r.occupancy(Millis(now), TTL, 0, Gateways::ONE)
+    }
+
+    #[test]
+    fn with_several_gateways_each_may_run_its_share_of_a_full_engine() {
+        let two = Gateways {
+            count: 2,
+            ordinal: 1,
+        };
+        let mut r = ReplicaSlots::new(Some(8));
+        // Another gateway holds every slot: this one may still start its share.
+        r.set_report(
+            EngineLoad {
+                running: 8,
+                waiting: 0,
+                slots: None,
+            },
+            Millis(0),
+        );
+        assert_eq!(r.occupancy(Millis(10), TTL, 0, two).free, Free::Slots(4));
+        for _ in 0..4 {
+            r.on_dispatch();
+        }
+        assert_eq!(r.occupancy(Millis(10), TTL, 0, two).free, Free::Slots(0));
+        // At its share, a full engine (or its queue) stops it like anyone.
+        r.set_report(
+            EngineLoad {
+                running: 8,
+                waiting: 4,
+                slots: None,
+            },
+            Millis(20),
+        );
+        assert_eq!(r.occupancy(Millis(30), TTL, 0, two).free, Free::Slots(0));
+        // Alone, nothing is guaranteed beyond what the engine has free.
+        let mut alone = ReplicaSlots::new(Some(8));
+        alone.set_report(
+            EngineLoad {
+                running: 8,
+                waiting: 0,
+                slots: None,
+            },
+            Millis(0),
+        );
+        assert_eq!(
+            alone.occupancy(Millis(10), TTL, 0, Gateways::ONE).free,
+            Free::Slots(0)
+        );
     }
 
     #[test]
@@ -312,7 +377,11 @@ mod tests {
         };
         let o = r.occupancy(Millis(150), TTL, 0, two);
         assert_eq!((o.basis, o.in_use, o.limit), (Basis::Reported, 6, Some(8)));
-        assert_eq!(o.free, Free::Slots(2), "the full cap, not the share of 4");
+        assert_eq!(
+            o.free,
+            Free::Slots(3),
+            "the full cap, and at least its share of 4 (it runs 1)"
+        );
         r.on_dispatch(); // at 150: not in the report
         assert_eq!(occ(&r, 150).in_use, 7);
         r.on_release(Millis(150)); // the one just added
