@@ -7,8 +7,8 @@
 //!
 //! Routes fall in three kinds, each sorted by one exhaustive `match`: the **API** routes
 //! ([`Route::api`]: a key, a body, translated, admitted and metered), the **account** routes
-//! ([`Route::account`]: a key, read-only, never metered or billed — the tenant's own balance,
-//! usage, keys and history) and the rest, which the gateway answers without a key (the catalog,
+//! ([`Route::account`]: a key, never metered or billed — the tenant's own balance, usage, keys
+//! and history, read-only but for a managing key's writes on its keys) and the rest, which the gateway answers without a key (the catalog,
 //! health, the account web page, and 404/405).
 
 use crate::error::ClientFormat;
@@ -90,7 +90,7 @@ impl Route {
         }
     }
 
-    /// The account route this is (a key, read-only, not metered), or `None`.
+    /// The account route this is (a key, not metered), or `None`.
     pub fn account(self) -> Option<AccountRoute> {
         match self {
             Route::Account => Some(AccountRoute::Account),
@@ -132,8 +132,9 @@ impl Route {
     }
 }
 
-/// The account routes: the caller's key names the tenant whose money they show; read-only,
-/// never metered or billed.
+/// The account routes: the caller's key names the tenant whose money they show; never metered
+/// or billed. Read-only, but for a managing key's writes on `/v1/keys` (`POST`, `PATCH`,
+/// `DELETE`, `…/rotate`: see [`key_path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccountRoute {
     Account,
