@@ -283,6 +283,20 @@ def test_spanish_by_the_browser_english_by_the_switch(gw, workdir, capped):
         assert heads[:6] == ["Clave", "Etiqueta", "Modelos", "Tope", "Gastado en el periodo", "Disponible"], heads
         assert "Acciones" in heads, "a managing key sees the actions"
 
+        # Every word has both languages, and every marked element shows the Spanish one.
+        missing = driver.execute_script(
+            "const en = Object.keys(MESSAGES.en), es = Object.keys(MESSAGES.es);"
+            "return en.filter((k) => !es.includes(k)).concat(es.filter((k) => !en.includes(k)));")
+        assert missing == [], missing
+        untranslated = driver.execute_script(
+            "return [...document.querySelectorAll('[data-i18n]')]"
+            ".filter((e) => e.textContent !== MESSAGES.es[e.dataset.i18n]).map((e) => e.dataset.i18n);")
+        assert untranslated == [], untranslated
+        # The page's money rule, on amounts the API could send.
+        for exact in ["0.000347", "0.00000000105", "0.0099999", "0.005", "1234.565", "-0.004",
+                      "0.00", "12.5", "1000000.00"]:
+            assert driver.execute_script("return soles(arguments[0])", exact) == soles_text(exact), exact
+
         # Its cap, what it spent today (Lima's day) and what is left, to the pico-sol.
         spent = ledger_of_key(gw, key_id)
         assert Decimal(0) < spent < Decimal("0.01"), spent
