@@ -102,7 +102,7 @@ impl AdminApp {
                 Err(e) => return bad(e),
             },
             "keys" => match params::list_params(q, Listing::Keys) {
-                Ok(p) => value(view::keys(store, tenant, &p, defaults).await),
+                Ok(p) => value(view::keys(store, tenant, &p, defaults, now).await),
                 Err(e) => return bad(e),
             },
             "requests" => match params::list_params(q, Listing::Requests) {

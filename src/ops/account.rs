@@ -7,9 +7,10 @@
 //! come in pages (`data`, `has_more`, `next_cursor`). The queries' parameters are read by the
 //! core (`quipu_core::account`), the sums by the store (`store::usage`).
 
+use super::key_spend::{cap_views, CapView};
 use super::tenants::tenant_id;
 use super::text::rfc3339;
-use super::{OpsError, OpsResult};
+use super::{OpsError, OpsResult, RulesView};
 use crate::account::page::{Cursor, PageParams};
 use crate::account::period::{day_of, day_start, day_text, month_start, offset_text};
 use crate::account::{GroupBy, UsageParams};
@@ -21,6 +22,7 @@ use crate::store::usage::{
 };
 use crate::store::{KeyLimits, LedgerRow, Store, TenantId, TopUp, UnixMs};
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// An amount: exact, and as people read it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -111,10 +113,16 @@ pub struct KeyView {
     /// Everything its requests used, and cost.
     pub usage: Usage,
     pub limits: RateLimits,
+    /// Its models, cap, expiry, switch and scope.
+    pub rules: RulesView,
+    /// Its cap with what it spent this period and what is left (`null`: no cap).
+    pub cap: Option<CapView>,
 }
 
-fn key_view(k: KeyUsage, defaults: &Limits) -> KeyView {
+fn key_view(k: KeyUsage, defaults: &Limits, caps: &mut HashMap<String, CapView>) -> KeyView {
     KeyView {
+        rules: RulesView::from(&k.key.rules),
+        cap: caps.remove(&k.key.id),
         id: k.key.id,
         label: k.key.label,
         prefix: k.key.secret_prefix,
@@ -184,6 +192,9 @@ pub struct AccountView {
     /// The calling key (`null` when the operator asks).
     pub key: Option<KeyView>,
     pub utc_offset: String,
+    /// The tenant's time zone (IANA, `America/Lima` unless the operator set another): its
+    /// caps' days, weeks and months, and the one to show times in.
+    pub time_zone: &'static str,
     pub as_of: String,
 }
 
@@ -216,7 +227,14 @@ pub async fn account(
     };
     let month = spent_since(month_start(today)).await?;
     let day = spent_since(today).await?;
-    let key_view = facts.key.map(|k| key_view(k, defaults));
+    let zone = store.tenant_rules(tenant).await?.zone;
+    let key_view = match facts.key {
+        Some(k) => {
+            let mut caps = cap_views(store, tenant, zone, &[&k], now).await?;
+            Some(key_view(k, defaults, &mut caps))
+        }
+        None => None,
+    };
     Ok(AccountView {
         object: "account",
         tenant: TenantView {
@@ -242,6 +260,7 @@ pub async fn account(
         },
         key: key_view,
         utc_offset: offset_text(offset_ms),
+        time_zone: zone.name(),
         as_of: rfc3339(now),
     })
 }
@@ -431,16 +450,20 @@ fn time_cursor(p: &PageParams) -> Option<TimeCursor> {
     }
 }
 
-/// `GET /v1/keys`: the tenant's keys, oldest first.
+/// `GET /v1/keys`: the tenant's keys, oldest first, each cap with what it spent by `now`.
 pub async fn keys(
     store: &dyn Store,
     tenant: TenantId,
     p: &PageParams,
     defaults: &Limits,
+    now: UnixMs,
 ) -> OpsResult<Page<KeyView>> {
     let items = store
         .keys_page(tenant, time_cursor(p).as_ref(), p.limit + 1)
         .await?;
+    let zone = store.tenant_rules(tenant).await?.zone;
+    let listed: Vec<&KeyUsage> = items.iter().take(p.limit).collect();
+    let mut caps = cap_views(store, tenant, zone, &listed, now).await?;
     Ok(page(
         items,
         p,
@@ -448,7 +471,7 @@ pub async fn keys(
             at: k.key.created_at,
             id: k.key.id.clone(),
         },
-        |k| key_view(k, defaults),
+        |k| key_view(k, defaults, &mut caps),
     ))
 }
 
@@ -766,6 +789,7 @@ mod tests {
             t,
             &PageParams::parse(&Query::parse(""), Listing::Keys, 0).unwrap(),
             &defaults,
+            now,
         )
         .await
         .unwrap();

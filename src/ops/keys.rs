@@ -88,11 +88,21 @@ pub async fn create_key(
 ) -> OpsResult<KeyCreated> {
     let settings = change.apply(key_rules::fresh(), catalog, now_ms())?;
     let tenant = tenant_id(store, tenant_name).await?;
+    insert_key(store, tenant, &settings).await
+}
+
+/// Inserts a new key of `tenant` with `settings` (checked already); its secret is in the
+/// answer, once.
+pub(super) async fn insert_key(
+    store: &(impl TenantStore + ?Sized),
+    tenant: TenantId,
+    settings: &KeySettings,
+) -> OpsResult<KeyCreated> {
     // A key id is 48 random bits; a clash is astronomically rare but costs only a redraw.
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let (key, secret) = new_key(tenant, &settings);
+        let (key, secret) = new_key(tenant, settings);
         match store.create_key(key).await {
             Ok(info) => return Ok(created(info, secret, None)),
             Err(StoreError::Conflict(_)) if attempts < 3 => continue,
@@ -156,13 +166,19 @@ pub async fn update_key(
 ) -> OpsResult<KeyLine> {
     let current = active_key(store, key_id).await?;
     let settings = change.apply(settings_of(&current), catalog, now_ms())?;
-    let info = store
-        .set_key(key_id, &settings)
-        .await
-        .map_err(|e| match e {
-            StoreError::NotFound(_) => no_such_key(key_id),
-            other => other.into(),
-        })?;
+    write_settings(store, key_id, &settings).await
+}
+
+/// Writes a key's settings (checked already).
+pub(super) async fn write_settings(
+    store: &(impl TenantStore + ?Sized),
+    key_id: &str,
+    settings: &KeySettings,
+) -> OpsResult<KeyLine> {
+    let info = store.set_key(key_id, settings).await.map_err(|e| match e {
+        StoreError::NotFound(_) => no_such_key(key_id),
+        other => other.into(),
+    })?;
     Ok(key_line(info))
 }
 

@@ -19,6 +19,7 @@
 //! | `tenants.rs` | [`create_tenant`], [`list_tenants`], [`validate_tenant_name`] |
 //! | `keys.rs` | [`create_key`], [`update_key`], [`rotate_key`], [`revoke_key`], [`list_keys`] |
 //! | `key_rules.rs` | [`KeyChange`]: a key's settings as written, checked and applied; their views |
+//! | `self_service.rs` | the same writes by a tenant's managing key on `/v1/keys`, within its limits |
 //! | `topup.rs` | [`top_up`], [`parse_top_up`] |
 //! | `statement.rs` | [`statement`], [`parse_bound`] |
 //! | `import.rs` | [`import_ledger`] (`quipu ledger import`) |
@@ -31,7 +32,9 @@
 pub mod account;
 mod import;
 mod key_rules;
+mod key_spend;
 mod keys;
+pub mod self_service;
 mod statement;
 mod tenants;
 mod text;
@@ -75,6 +78,9 @@ pub enum OpsError {
     NotFound(String),
     /// The name or id is taken.
     Conflict(String),
+    /// The caller may not do this (a key without the `manage` scope, or asking for more than
+    /// its own limits or the operator's: `/v1/keys` self-service).
+    Forbidden(String),
     /// The store failed or could not be reached.
     Store(String),
 }
@@ -86,6 +92,7 @@ impl OpsError {
             OpsError::Invalid(_) => 400,
             OpsError::NotFound(_) => 404,
             OpsError::Conflict(_) => 409,
+            OpsError::Forbidden(_) => 403,
             OpsError::Store(_) => 503,
         }
     }
@@ -96,6 +103,7 @@ impl OpsError {
             OpsError::Invalid(m)
             | OpsError::NotFound(m)
             | OpsError::Conflict(m)
+            | OpsError::Forbidden(m)
             | OpsError::Store(m) => m,
         }
     }

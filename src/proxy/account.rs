@@ -1,7 +1,8 @@
 //! The account routes — `GET /v1/account`, `/v1/usage`, `/v1/keys`, `/v1/requests`,
 //! `/v1/topups` — answered to the tenant's own API key: its balance, what this replica holds
 //! in flight, its usage and history. Read-only: they are neither metered nor billed, and never
-//! touch a reservation.
+//! touch a reservation. (A managing key's writes on `/v1/keys` are [`super::manage`]'s; they
+//! share the authentication and the turns here.)
 //!
 //! The key is read as the API reads it (`Authorization: Bearer` or `x-api-key`, see `auth`);
 //! a missing, unknown or revoked key is a 401 and every answer is about the key's own tenant
@@ -17,6 +18,7 @@ use super::{Failure, Gateway, Outcome, Reply, RequestCtx};
 use crate::account::page::Listing;
 use crate::account::query::Query;
 use crate::account::{self as params, UsageParams};
+use crate::auth::Caller;
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::metrics::m;
 use crate::ops::account::{self as view, Local};
@@ -27,7 +29,7 @@ use bytes::Bytes;
 use pingora::protocols::http::ServerSession;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Account queries one replica runs at once.
 pub const MAX_CONCURRENT: usize = 4;
@@ -70,40 +72,73 @@ fn ask(route: AccountRoute, q: &Query, now: i64) -> Result<Ask, ApiError> {
     })
 }
 
-/// Answers an account route.
-pub async fn handle(
+/// Authenticates an account route's caller as the API does (a bearer token or `x-api-key`).
+pub(super) fn authenticate(
     gw: &Gateway,
     session: &ServerSession,
     ctx: &mut RequestCtx,
-    route: AccountRoute,
-) -> Reply {
-    let header = session.req_header();
-    // The API's key rules: a bearer token or `x-api-key`.
-    let caller = match gw
+) -> Result<Arc<Caller>, Reply> {
+    match gw
         .keys
-        .authenticate(&header.headers, ClientFormat::Messages)
+        .authenticate(&session.req_header().headers, ClientFormat::Messages)
     {
-        Ok(c) => c,
+        Ok(c) => {
+            ctx.caller = Some(c.clone());
+            Ok(c)
+        }
         Err(e) => {
             m().auth_failures
                 .with_label_values(&[ctx.route.as_str()])
                 .inc();
-            return Failure::refused_unread(e).into();
+            Err(Failure::refused_unread(e).into())
         }
+    }
+}
+
+impl AccountReads {
+    /// The store the account routes read and the key writes go through.
+    pub(super) fn store(&self) -> &dyn Store {
+        self.store.as_ref()
+    }
+
+    /// A turn to use the store: at most [`MAX_CONCURRENT`] at once; a `503` after
+    /// [`MAX_WAIT`].
+    pub(super) async fn turn(&self) -> Result<SemaphorePermit<'_>, Failure> {
+        match tokio::time::timeout(MAX_WAIT, self.permits.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(Failure::refused_unread(ApiError::new(
+                ErrorKind::Overloaded { retry_after: 1 },
+                "too many account queries at once on this gateway; retry shortly",
+            ))),
+        }
+    }
+}
+
+/// Answers an account route (`GET`; the writes of `/v1/keys` are [`super::manage`]'s).
+pub async fn handle(
+    gw: &Gateway,
+    session: &mut ServerSession,
+    ctx: &mut RequestCtx,
+    route: AccountRoute,
+) -> Reply {
+    let method = &session.req_header().method;
+    if route == AccountRoute::Keys && method != http::Method::GET && method != http::Method::HEAD {
+        return super::manage::handle(gw, session, ctx).await;
+    }
+    let caller = match authenticate(gw, session, ctx) {
+        Ok(c) => c,
+        Err(reply) => return reply,
     };
-    ctx.caller = Some(caller.clone());
+    let header = session.req_header();
     let now = now_ms();
     let ask = match ask(route, &Query::parse(header.uri.query().unwrap_or("")), now) {
         Ok(a) => a,
         Err(e) => return Failure::refused_unread(e).into(),
     };
     let reads = &gw.account_reads;
-    let Ok(Ok(_turn)) = tokio::time::timeout(MAX_WAIT, reads.permits.acquire()).await else {
-        return Failure::refused_unread(ApiError::new(
-            ErrorKind::Overloaded { retry_after: 1 },
-            "too many account queries at once on this gateway; retry shortly",
-        ))
-        .into();
+    let _turn = match reads.turn().await {
+        Ok(t) => t,
+        Err(f) => return f.into(),
     };
     let store = reads.store.as_ref();
     let p = &caller.principal;
@@ -129,7 +164,9 @@ pub async fn handle(
             .and_then(json)
         }
         Ask::Usage(q) => view::usage(store, tenant, &q).await.and_then(json),
-        Ask::Keys(q) => view::keys(store, tenant, &q, defaults).await.and_then(json),
+        Ask::Keys(q) => view::keys(store, tenant, &q, defaults, now)
+            .await
+            .and_then(json),
         Ask::Requests(q) => view::requests(store, tenant, &q).await.and_then(json),
         Ask::TopUps(q) => view::top_ups(store, tenant, &q).await.and_then(json),
     };
@@ -151,7 +188,7 @@ pub async fn handle(
                     ),
                 ),
                 OpsError::Invalid(m) => (Outcome::Refused, ApiError::invalid_body(m)),
-                OpsError::NotFound(_) | OpsError::Conflict(_) => {
+                OpsError::NotFound(_) | OpsError::Conflict(_) | OpsError::Forbidden(_) => {
                     (Outcome::InternalError, super::internal_error())
                 }
             };

@@ -52,7 +52,16 @@ pub fn handle(gw: &Gateway, session: &ServerSession, route: Route) -> Reply {
         .into(),
         Route::MethodNotAllowed => Failure::refused_unread(ApiError::new(
             ErrorKind::MethodNotAllowed,
-            format!("{} is not allowed on {path}", header.method),
+            if path.trim_end_matches('/') == "/v1/topups" {
+                // No key tops up, not even a managing one: money comes from the operator.
+                format!(
+                    "{} is not allowed on {path}: top-ups are made by the operator, never with \
+                     an API key; this route only lists them",
+                    header.method
+                )
+            } else {
+                format!("{} is not allowed on {path}", header.method)
+            },
         ))
         .into(),
         Route::Chat

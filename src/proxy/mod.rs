@@ -8,7 +8,7 @@
 //!   bytes and the account page from files compiled in ([`local`]), the API routes through
 //!   [`api`] (auth → body → translate → admit → upstream exchange in [`relay`] → translate
 //!   back), the account routes (the tenant's own balance and usage, read-only) through
-//!   [`account`];
+//!   [`account`], and a managing key's writes on `/v1/keys` through [`manage`];
 //! - **[`Gateway::conclude`]** writes what the reply says (a JSON body, or an error in the
 //!   request's format, after draining an unread body) and sets how the request ended — status,
 //!   [`Outcome`], error — in one place;
@@ -27,6 +27,7 @@ mod body;
 mod count;
 pub mod ctx;
 mod local;
+mod manage;
 mod observe;
 mod queue;
 pub mod relay;
@@ -208,7 +209,7 @@ impl ServeRequest for Gateway {
         } else if route.is_api() {
             api::handle(self, &mut session, &mut ctx).await
         } else if let Some(account_route) = route.account() {
-            account::handle(self, &session, &mut ctx, account_route).await
+            account::handle(self, &mut session, &mut ctx, account_route).await
         } else {
             local::handle(self, &session, route)
         };

@@ -1,7 +1,9 @@
 //! The account web page (`GET /account`): a small static page — HTML, CSS and JavaScript
 //! compiled into the binary — that signs a person in with one of their tenant's API keys and
 //! shows what the account routes answer: balance, spend per day, tokens per model, recent
-//! requests, keys and top-ups.
+//! requests, keys and top-ups; with a key that may manage keys, it creates, limits, rotates and
+//! revokes them (`/v1/keys`). In Spanish (es-PE) or English, by the browser's language or a
+//! switch; times in the tenant's time zone; amounts under S/ 0.01 with their non-zero digits.
 //!
 //! Nothing is loaded from anywhere but this gateway (no CDN, no font, no analytics): the page
 //! is served with a `Content-Security-Policy` of `default-src 'self'` and no inline script or
@@ -32,6 +34,11 @@ pub static ASSETS: &[Asset] = &[
         path: "/account/app.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_bytes!("page/app.js"),
+    },
+    Asset {
+        path: "/account/i18n.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("page/i18n.js"),
     },
     Asset {
         path: "/account/app.css",
@@ -107,7 +114,12 @@ mod tests {
                 "inline handler on{name}="
             );
         }
-        for used in ["/account/app.js", "/account/app.css", "/account/icon.svg"] {
+        for used in [
+            "/account/app.js",
+            "/account/i18n.js",
+            "/account/app.css",
+            "/account/icon.svg",
+        ] {
             assert!(html.contains(used), "{used}");
         }
     }

@@ -18,6 +18,8 @@
 //! | `RateLimited` | 429 | `rate_limit_error` | `rate_limit_error` / `rate_limit_exceeded` |
 //! | `QueueFull` | 429 | `rate_limit_error` | `rate_limit_error` / `queue_full` |
 //! | `PermissionDenied` | 403 | `permission_error` | `permission_error` / `model_not_allowed` |
+//! | `Forbidden` | 403 | `permission_error` | `permission_error` / `insufficient_permissions` |
+//! | `KeyNotFound` | 404 | `not_found_error` | `not_found_error` / `key_not_found` |
 //! | `BudgetExceeded` | 429 (a period's cap) / 402 (a `total` cap) | `rate_limit_error` / `billing_error` | `insufficient_quota` / `budget_exceeded` |
 //! | `RequestTooLarge` | 413 | `request_too_large` | `invalid_request_error` / `request_too_large` |
 //! | `HeadersTooLarge` | 431 | `invalid_request_error` | `invalid_request_error` / `request_header_fields_too_large` |
@@ -100,6 +102,11 @@ pub enum ErrorKind {
     QueueFull { retry_after: u64 },
     /// The key may not use this model (its model list).
     PermissionDenied,
+    /// The key may not do this: it lacks the `manage` scope, or asked for more than its own
+    /// limits or the operator's allow (`/v1/keys` self-service).
+    Forbidden,
+    /// No key of the caller's tenant has this id (another tenant's is the same answer).
+    KeyNotFound,
     /// A spend cap the request would pass: until the period ends (`retry_after`, 429), or for
     /// good (`None`: a `total` cap, 402).
     BudgetExceeded { retry_after: Option<u64> },
@@ -132,7 +139,8 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::InsufficientBalance => 402,
             ErrorKind::RateLimited { .. } | ErrorKind::QueueFull { .. } => 429,
-            ErrorKind::PermissionDenied => 403,
+            ErrorKind::PermissionDenied | ErrorKind::Forbidden => 403,
+            ErrorKind::KeyNotFound => 404,
             ErrorKind::BudgetExceeded { retry_after } => match retry_after {
                 Some(_) => 429,
                 None => 402,
@@ -162,7 +170,8 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::InsufficientBalance => "billing_error",
             ErrorKind::RateLimited { .. } | ErrorKind::QueueFull { .. } => "rate_limit_error",
-            ErrorKind::PermissionDenied => "permission_error",
+            ErrorKind::PermissionDenied | ErrorKind::Forbidden => "permission_error",
+            ErrorKind::KeyNotFound => "not_found_error",
             ErrorKind::BudgetExceeded { retry_after } => match retry_after {
                 Some(_) => "rate_limit_error",
                 None => "billing_error",
@@ -193,6 +202,8 @@ impl ErrorKind {
             ErrorKind::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             ErrorKind::QueueFull { .. } => ("rate_limit_error", Some("queue_full")),
             ErrorKind::PermissionDenied => ("permission_error", Some("model_not_allowed")),
+            ErrorKind::Forbidden => ("permission_error", Some("insufficient_permissions")),
+            ErrorKind::KeyNotFound => ("not_found_error", Some("key_not_found")),
             ErrorKind::BudgetExceeded { .. } => ("insufficient_quota", Some("budget_exceeded")),
             ErrorKind::RequestTooLarge => ("invalid_request_error", Some("request_too_large")),
             ErrorKind::HeadersTooLarge => (
@@ -239,6 +250,8 @@ impl ErrorKind {
             ErrorKind::RateLimited { .. } => "rate_limited",
             ErrorKind::QueueFull { .. } => "queue_full",
             ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::KeyNotFound => "key_not_found",
             ErrorKind::BudgetExceeded { .. } => "budget_exceeded",
             ErrorKind::RequestTooLarge => "request_too_large",
             ErrorKind::HeadersTooLarge => "headers_too_large",

@@ -7,8 +7,8 @@
 //!
 //! Routes fall in three kinds, each sorted by one exhaustive `match`: the **API** routes
 //! ([`Route::api`]: a key, a body, translated, admitted and metered), the **account** routes
-//! ([`Route::account`]: a key, read-only, never metered or billed — the tenant's own balance,
-//! usage, keys and history) and the rest, which the gateway answers without a key (the catalog,
+//! ([`Route::account`]: a key, never metered or billed — the tenant's own balance, usage, keys
+//! and history, read-only but for a managing key's writes on its keys) and the rest, which the gateway answers without a key (the catalog,
 //! health, the account web page, and 404/405).
 
 use crate::error::ClientFormat;
@@ -90,7 +90,7 @@ impl Route {
         }
     }
 
-    /// The account route this is (a key, read-only, not metered), or `None`.
+    /// The account route this is (a key, not metered), or `None`.
     pub fn account(self) -> Option<AccountRoute> {
         match self {
             Route::Account => Some(AccountRoute::Account),
@@ -132,8 +132,9 @@ impl Route {
     }
 }
 
-/// The account routes: the caller's key names the tenant whose money they show; read-only,
-/// never metered or billed.
+/// The account routes: the caller's key names the tenant whose money they show; never metered
+/// or billed. Read-only, but for a managing key's writes on `/v1/keys` (`POST`, `PATCH`,
+/// `DELETE`, `…/rotate`: see [`key_path`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AccountRoute {
     Account,
@@ -192,6 +193,7 @@ pub fn route(method: &http::Method, path: &str) -> Route {
     let post = method == http::Method::POST;
     let get = method == http::Method::GET || method == http::Method::HEAD;
     let delete = method == http::Method::DELETE;
+    let patch = method == http::Method::PATCH;
     let want = |ok: bool, r: Route| if ok { r } else { Route::MethodNotAllowed };
     match path {
         "/v1/chat/completions" => want(post, Route::Chat),
@@ -209,7 +211,12 @@ pub fn route(method: &http::Method, path: &str) -> Route {
         "/health" | "/healthz" => want(get, Route::Health),
         "/v1/account" => want(get, Route::Account),
         "/v1/usage" => want(get, Route::Usage),
-        "/v1/keys" => want(get, Route::Keys),
+        "/v1/keys" => want(get || post, Route::Keys),
+        p if p.starts_with("/v1/keys/") => match key_path(p) {
+            Some((_, false)) => want(patch || delete, Route::Keys),
+            Some((_, true)) => want(post, Route::Keys),
+            None => Route::NotFound,
+        },
         "/v1/requests" => want(get, Route::Requests),
         "/v1/topups" => want(get, Route::TopUps),
         "/account" => want(get, Route::AccountPage),
@@ -233,6 +240,20 @@ pub fn stored_response_path(path: &str) -> Option<(&str, bool)> {
         None => (rest, false),
     };
     (!id.is_empty()).then_some((id, items))
+}
+
+/// `/v1/keys/{id}` → `(id, false)`, `/v1/keys/{id}/rotate` → `(id, true)` (a tenant's
+/// self-service on its keys); the query string and one trailing slash are not part of it.
+pub fn key_path(path: &str) -> Option<(&str, bool)> {
+    let path = path.split('?').next().unwrap_or(path);
+    let rest = path.strip_prefix("/v1/keys/")?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (id, rotate) = match rest.split_once('/') {
+        Some((id, "rotate")) => (id, true),
+        Some(_) => return None,
+        None => (rest, false),
+    };
+    (!id.is_empty()).then_some((id, rotate))
 }
 
 /// The error shape to use for a path, when the route does not decide it.
@@ -391,5 +412,26 @@ mod tests {
         assert_eq!(route(&Method::GET, "/account"), Route::AccountPage);
         assert_eq!(route(&Method::GET, "/accounts"), Route::NotFound);
         assert_eq!(Route::AccountPage.account(), None);
+    }
+
+    #[test]
+    fn a_tenant_writes_its_keys_on_the_keys_route() {
+        assert_eq!(route(&Method::POST, "/v1/keys"), Route::Keys);
+        assert_eq!(route(&Method::PATCH, "/v1/keys/key_1"), Route::Keys);
+        assert_eq!(route(&Method::DELETE, "/v1/keys/key_1/"), Route::Keys);
+        assert_eq!(route(&Method::POST, "/v1/keys/key_1/rotate"), Route::Keys);
+        assert_eq!(
+            route(&Method::GET, "/v1/keys/key_1"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(
+            route(&Method::POST, "/v1/keys/key_1"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(route(&Method::DELETE, "/v1/keys"), Route::MethodNotAllowed);
+        assert_eq!(route(&Method::POST, "/v1/keys/key_1/x"), Route::NotFound);
+        assert_eq!(route(&Method::POST, "/v1/topups"), Route::MethodNotAllowed);
+        assert_eq!(key_path("/v1/keys/key_1/rotate?x=1"), Some(("key_1", true)));
+        assert_eq!(key_path("/v1/keys/"), None);
     }
 }

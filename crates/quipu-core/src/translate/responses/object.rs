@@ -144,6 +144,8 @@ pub fn failure_code(kind: &ErrorKind) -> &'static str {
         | ErrorKind::MethodNotAllowed
         | ErrorKind::InsufficientBalance
         | ErrorKind::PermissionDenied
+        | ErrorKind::Forbidden
+        | ErrorKind::KeyNotFound
         | ErrorKind::BudgetExceeded { .. }
         | ErrorKind::RequestTooLarge
         | ErrorKind::HeadersTooLarge
