@@ -75,7 +75,7 @@ class Gateway:
     asked), each with a key."""
 
     def __init__(self, name: str, sim_port: int, max_concurrency: int | None, weights: dict[str, int],
-                 batch: tuple[str, ...] = ()):
+                 batch: tuple[str, ...] = (), gateways: int = 1):
         self.port, mport, aport = free_port(), free_port(), free_port()
         cfg = WORK / f"{name}.toml"
         cap = f"max_concurrency = {max_concurrency}\n" if max_concurrency else ""
@@ -93,6 +93,7 @@ max_in_flight = 4096
 url = "sqlite://{WORK}/{name}.db"
 [scheduling]
 load_interval_ms = 200
+gateways = {gateways}
 [[models]]
 slug = "colibri"
 display_name = "Colibrí"
@@ -272,8 +273,8 @@ def main() -> int:
         weights = weights_scenario(sim_port, one, args.weights_seconds) if args.weights else None
         batch = batch_scenario(sim_port, one, args.seconds) if args.batch else None
         one.proc.stop()
-        g1 = Gateway("g1", sim_port, SLOTS, {"a": 1, "b": 1})
-        g2 = Gateway("g2", sim_port, SLOTS, {"a": 1, "b": 1})
+        g1 = Gateway("g1", sim_port, SLOTS, {"a": 1, "b": 1}, gateways=2)
+        g2 = Gateway("g2", sim_port, SLOTS, {"a": 1, "b": 1}, gateways=2)
         gws += [g1, g2]
         rows.append(scenario("2 quipus (max_concurrency = 8)", sim_port, [g1.port, g2.port],
                              [g1.keys["a"], g2.keys["a"]], [g1.keys["b"], g2.keys["b"]], args.seconds))
