@@ -1,15 +1,14 @@
-//! The caps a request reserves against, as [`Accounts::reserve_with_caps`] takes them, and the
-//! refusal a reached one gives: the I/O side of `quipu_core::governance::caps`. A key's cap
-//! and its tenant's monthly cap each count in their current period in the tenant's zone, read
-//! from [`period_clock_ms`].
+//! The caps a request reserves against, as [`Accounts::reserve_with_caps`] takes them (a
+//! reached one refuses with `CapRefusal::reached`): the I/O side of
+//! `quipu_core::governance::caps`. A key's cap and its tenant's monthly cap each count in their
+//! current period in the tenant's zone, read from [`period_clock_ms`].
 //!
 //! [`Accounts::reserve_with_caps`]: super::Accounts::reserve_with_caps
 
 use super::accounts::CapClaim;
-use crate::money::Pen;
-use crate::store::{CapPool, CapTerms, KeyRules, TenantId, TenantRules, Zone};
+use crate::store::{CapPool, CapTerms, KeyRules, TenantId, TenantRules};
 use quipu_core::billing::pool::CapOwner as PoolOwner;
-use quipu_core::governance::caps::{ActiveCap, CapOwner, CapRefusal};
+use quipu_core::governance::caps::{ActiveCap, CapOwner};
 use quipu_core::governance::periods::PeriodError;
 use std::sync::LazyLock;
 
@@ -72,16 +71,4 @@ pub fn claims(
 
 fn monthly() -> quipu_core::governance::periods::CapPeriod {
     quipu_core::governance::periods::CapPeriod::Month
-}
-
-/// The refusal of a request that may cost `worst` by a cap with `available` left (what is not
-/// spent nor held by requests in flight): it names the cap and when it resets.
-pub fn refusal(
-    active: ActiveCap,
-    available: Pen,
-    worst: Pen,
-    zone: Zone,
-    now_ms: i64,
-) -> CapRefusal {
-    CapRefusal::reached(active, available, worst, zone, now_ms)
 }

@@ -182,7 +182,7 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
                     super::internal_error(),
                 ));
             };
-            let refusal = crate::billing::caps::refusal(
+            let refusal = quipu_core::governance::caps::CapRefusal::reached(
                 active,
                 available,
                 quote.worst,

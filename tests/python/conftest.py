@@ -7,6 +7,7 @@ classes in `harness.py`.
 from __future__ import annotations
 
 import itertools
+import os
 import pathlib
 import shutil
 import sys
@@ -18,6 +19,24 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from harness import Gateway, Sim, require_binaries, scratch_dir, stop_leftovers  # noqa: E402
 
 _names = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def pg_admin():
+    """The test PostgreSQL's URL, for tests that run replicas behind nginx on it: a fresh
+    database each (`cluster.fresh_database`)."""
+    from cluster import require_nginx
+
+    url = os.environ.get("QUIPU_TEST_PG_URL")
+    assert url, (
+        "QUIPU_TEST_PG_URL is not set: run the suite with scripts/test.sh, or start a server with "
+        "`eval \"$(scripts/pg-test.sh start)\"` first"
+    )
+    try:
+        require_nginx()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    return url
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from decimal import Decimal
 
 import pytest
 
-from cluster import Cluster, fresh_database, psql, require_nginx
+from cluster import Cluster, fresh_database, psql
 from harness import Gateway, Sim, http_json, wait_until
 
 COST = Decimal("0.0012")  # 12 output tokens at S/ 100 per million, input free
@@ -108,20 +108,6 @@ def test_a_disabled_key_is_refused_and_works_again_when_enabled(gw):
 
 # ---------------------------------------------------------------------------------------------
 # Caps across three replicas
-
-
-@pytest.fixture(scope="module")
-def pg_admin():
-    url = os.environ.get("QUIPU_TEST_PG_URL")
-    assert url, (
-        "QUIPU_TEST_PG_URL is not set: run the suite with scripts/test.sh, or start a server with "
-        "`eval \"$(scripts/pg-test.sh start)\"` first"
-    )
-    try:
-        require_nginx()
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    return url
 
 
 def burst(base: str, secrets: list[str], n: int) -> dict[int, int]:

@@ -33,26 +33,12 @@ import anthropic
 import openai
 import pytest
 
-from cluster import Cluster, fresh_database, paced, require_nginx
+from cluster import Cluster, fresh_database, paced
 from harness import Gateway, http_json, wait_until
 
 # scripts/replicas.sh sets these to the version: 60 s windows, 2 of them, 100 requests/s.
 WINDOW_S = int(os.environ.get("QUIPU_REPLICAS_WINDOW_S", "6"))
 WINDOWS = int(os.environ.get("QUIPU_REPLICAS_WINDOWS", "3"))
-
-
-@pytest.fixture(scope="module")
-def pg_admin():
-    url = os.environ.get("QUIPU_TEST_PG_URL")
-    assert url, (
-        "QUIPU_TEST_PG_URL is not set: run the suite with scripts/test.sh, or start a server with "
-        "`eval \"$(scripts/pg-test.sh start)\"` first"
-    )
-    try:
-        require_nginx()
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    return url
 
 
 # ---------------------------------------------------------------------------------------------
