@@ -17,7 +17,7 @@
 //! transaction is retried (a few times, with a short pause): nothing was committed.
 
 use super::tenants::tenant_with_balance;
-use super::{execute, leases, query, query_opt, snapshot, usage, PgResult, PgStore};
+use super::{execute, leases, query, query_opt, snapshot, usage, webhooks, PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::columns::{names, unnest, LEDGER_COLUMNS};
 use crate::store::rows::{
@@ -84,6 +84,14 @@ async fn top_up_tx(
         )
         .await?;
     let balance = pen_from_text(&after.try_get::<_, String>(0)?, "tenants.balance")?;
+    let top_up = TopUp {
+        id: id.to_owned(),
+        tenant_id: tenant,
+        amount,
+        at: now,
+        note: note.to_owned(),
+    };
+    webhooks::top_up_event(&tx, &top_up, balance).await?;
     // Replicas that found the tenant's balance all leased refuse from memory for a moment:
     // tell them money arrived (delivered at commit, not before).
     let arrived = ReplicaSignal::LeasesReturned { tenant }.to_payload();
@@ -97,13 +105,7 @@ async fn top_up_tx(
     .await?;
     tx.commit().await?;
     Ok(TopUpOutcome {
-        top_up: TopUp {
-            id: id.to_owned(),
-            tenant_id: tenant,
-            amount,
-            at: now,
-            note: note.to_owned(),
-        },
+        top_up,
         balance,
         replayed: false,
     })
@@ -147,7 +149,7 @@ static INSERT_LEDGER_ROWS: LazyLock<String> = LazyLock::new(|| {
          SELECT 'request', {cols} FROM {unnest}
          ON CONFLICT (entry_id) DO NOTHING
          RETURNING tenant_id, delta, at, key_id, model, input_tokens, cached_tokens,
-                   output_tokens",
+                   output_tokens, entry_id",
         cols = names(LEDGER_COLUMNS),
         unnest = unnest(LEDGER_COLUMNS, "u"),
     )
@@ -174,10 +176,15 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
     }
     let inserted = tx.query_typed(&INSERT_LEDGER_ROWS, &b.pg_params()).await?;
     let mut charged: BTreeMap<i64, Pen> = BTreeMap::new();
+    // A new row of each tenant: the change a low-balance alert names.
+    let mut first_new: BTreeMap<i64, String> = BTreeMap::new();
     for r in &inserted {
         let tenant: i64 = r.try_get(0)?;
         let delta: i64 = r.try_get(1)?;
         *charged.entry(tenant).or_default() += -Pen::from_picos(i128::from(delta));
+        if !first_new.contains_key(&tenant) {
+            first_new.insert(tenant, r.try_get(8)?);
+        }
     }
     let mut new_rows = Vec::with_capacity(inserted.len());
     for r in &inserted {
@@ -199,13 +206,16 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
     if !charged.is_empty() {
         let ids: Vec<i64> = charged.keys().copied().collect();
         let amounts: Vec<String> = charged.values().map(|c| pen_to_text(*c)).collect();
-        tx.execute_typed(
-            "UPDATE tenants AS t SET balance = t.balance - u.c::numeric
-               FROM UNNEST($1::int8[], $2::text[]) AS u(id, c)
-              WHERE t.id = u.id",
-            &[(&ids, Type::INT8_ARRAY), (&amounts, Type::TEXT_ARRAY)],
-        )
-        .await?;
+        let after = tx
+            .query_typed(
+                "UPDATE tenants AS t SET balance = t.balance - u.c::numeric
+                   FROM UNNEST($1::int8[], $2::text[]) AS u(id, c)
+                  WHERE t.id = u.id
+                  RETURNING t.id, t.balance::text, t.low_balance, t.name",
+                &[(&ids, Type::INT8_ARRAY), (&amounts, Type::TEXT_ARRAY)],
+            )
+            .await?;
+        webhooks::balance_alerts(&tx, &after, &charged, &first_new).await?;
         let changed = tx
             .query_typed(
                 "UPDATE leases AS l SET amount = GREATEST(l.amount - u.c::numeric, 0),
