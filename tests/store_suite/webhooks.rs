@@ -119,9 +119,9 @@ pub(super) async fn one_sender_at_a_time_and_deliveries_end_once(fx: &Fixture) {
         (id.clone(), "wh_1".to_owned()),
         (id.clone(), "op_x".to_owned()),
     ];
-    s.fan_out(&[id.clone()], &deliveries, now).await.unwrap();
+    s.fan_out(std::slice::from_ref(&id), &deliveries, now).await.unwrap();
     // Fanning out twice (a sender that died after its commit) changes nothing.
-    s.fan_out(&[id.clone()], &deliveries, now).await.unwrap();
+    s.fan_out(std::slice::from_ref(&id), &deliveries, now).await.unwrap();
     assert!(s.unfanned(10).await.unwrap().is_empty());
     assert_eq!(s.backlog().await.unwrap().pending, 2);
     let due = s.due(now, 10).await.unwrap();

@@ -182,8 +182,8 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
         let tenant: i64 = r.try_get(0)?;
         let delta: i64 = r.try_get(1)?;
         *charged.entry(tenant).or_default() += -Pen::from_picos(i128::from(delta));
-        if !first_new.contains_key(&tenant) {
-            first_new.insert(tenant, r.try_get(8)?);
+        if let std::collections::btree_map::Entry::Vacant(slot) = first_new.entry(tenant) {
+            slot.insert(r.try_get(8)?);
         }
     }
     let mut new_rows = Vec::with_capacity(inserted.len());
