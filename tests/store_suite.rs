@@ -2168,6 +2168,9 @@ impl store::WebhookStore for Rigged {
     ) -> store::StoreResult<Vec<store::webhooks::DeliveryInfo>> {
         self.inner.deliveries(tenant).await
     }
+    async fn prune_webhooks(&self, before: i64) -> store::StoreResult<u64> {
+        self.inner.prune_webhooks(before).await
+    }
     async fn expiring_keys(
         &self,
         now: i64,

@@ -32,6 +32,9 @@
 //! state is in these rows, so a restart, or another replica taking the lease over, carries
 //! on where the last one stopped (an attempt cut off mid-way is sent again: deliveries are
 //! at least once, and the event id tells a receiver it has seen one).
+//!
+//! **Retention.** Finished deliveries and the events left without any are deleted after
+//! 30 days ([`WebhookStore::prune_webhooks`], run by the sender).
 
 use super::{StoreResult, TenantId, UnixMs};
 use async_trait::async_trait;
@@ -161,6 +164,11 @@ pub trait WebhookStore: Send + Sync {
     async fn backlog(&self) -> StoreResult<Backlog>;
     /// Every delivery of `tenant`'s events (all tenants' if `None`), oldest event first.
     async fn deliveries(&self, tenant: Option<TenantId>) -> StoreResult<Vec<DeliveryInfo>>;
+    /// Deletes deliveries finished (delivered or dead) before `before`, then the events
+    /// written before it with no delivery left; returns how many rows went. An event's cause
+    /// never recurs once it is that old (a top-up, a charge batch, a past period, a key long
+    /// expired), so its id is not needed any more to keep it once.
+    async fn prune_webhooks(&self, before: UnixMs) -> StoreResult<u64>;
     /// Usable keys (not revoked, disabled or rotated) that expire in `(now, until]`.
     async fn expiring_keys(&self, now: UnixMs, until: UnixMs) -> StoreResult<Vec<ExpiringKey>>;
 }

@@ -19,6 +19,10 @@ const FAN_OUT_BATCH: u32 = 200;
 /// Deliveries sent per round, at once.
 const SEND_BATCH: u32 = 32;
 const DAY_MS: i64 = 86_400_000;
+/// Finished deliveries and their events are kept this long.
+const RETENTION_MS: i64 = 30 * DAY_MS;
+/// How often they are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Where a delivery goes and how it is signed.
 struct Target {
@@ -72,6 +76,7 @@ impl Sender {
         let mut tick = tokio::time::interval(self.delivery.poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_scan: Option<tokio::time::Instant> = None;
+        let mut last_prune: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -93,6 +98,12 @@ impl Sender {
                 last_scan = Some(tokio::time::Instant::now());
                 if let Err(e) = self.scan_expiring_keys().await {
                     log::warn!("webhooks: scanning for expiring keys failed: {e}");
+                }
+            }
+            if last_prune.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                last_prune = Some(tokio::time::Instant::now());
+                if let Err(e) = self.store.prune_webhooks(now_ms() - RETENTION_MS).await {
+                    log::warn!("webhooks: pruning old deliveries failed: {e}");
                 }
             }
             if let Err(e) = self.round().await {
@@ -201,11 +212,11 @@ impl Sender {
         m().webhook_deliveries.with_label_values(&[outcome]).inc();
         if let Attempt::Retry { error, .. } | Attempt::Dead { error, .. } = &attempt {
             log::warn!(
-                "webhooks: {} of {} to {} ({}): attempt {} {outcome}: {error}",
+                "webhooks: {} {} of tenant {} to endpoint {}: attempt {} {outcome}: {error}",
                 d.kind,
                 d.event_id,
+                d.tenant_id,
                 d.endpoint,
-                tenant_label(d),
                 d.attempts + 1
             );
         }
@@ -239,10 +250,6 @@ impl Sender {
             Retry::GiveUp => Attempt::Dead { status, error },
         }
     }
-}
-
-fn tenant_label(d: &DueDelivery) -> String {
-    format!("tenant {}", d.tenant_id)
 }
 
 fn tenant_target(e: &WebhookEndpoint) -> Result<Target, String> {

@@ -119,9 +119,13 @@ pub(super) async fn one_sender_at_a_time_and_deliveries_end_once(fx: &Fixture) {
         (id.clone(), "wh_1".to_owned()),
         (id.clone(), "op_x".to_owned()),
     ];
-    s.fan_out(std::slice::from_ref(&id), &deliveries, now).await.unwrap();
+    s.fan_out(std::slice::from_ref(&id), &deliveries, now)
+        .await
+        .unwrap();
     // Fanning out twice (a sender that died after its commit) changes nothing.
-    s.fan_out(std::slice::from_ref(&id), &deliveries, now).await.unwrap();
+    s.fan_out(std::slice::from_ref(&id), &deliveries, now)
+        .await
+        .unwrap();
     assert!(s.unfanned(10).await.unwrap().is_empty());
     assert_eq!(s.backlog().await.unwrap().pending, 2);
     let due = s.due(now, 10).await.unwrap();
@@ -168,6 +172,17 @@ pub(super) async fn one_sender_at_a_time_and_deliveries_end_once(fx: &Fixture) {
         ]
     );
     assert_eq!(s.backlog().await.unwrap().pending, 0);
+    // Retention: nothing finished before `now` yet; everything once it is old enough, and an
+    // event still waiting to be fanned out stays.
+    s.top_up(t, soles("1"), "later").await.unwrap();
+    assert_eq!(s.prune_webhooks(now - 1).await.unwrap(), 0);
+    assert_eq!(
+        s.prune_webhooks(i64::MAX).await.unwrap(),
+        3,
+        "two deliveries and their event"
+    );
+    assert!(s.deliveries(Some(t)).await.unwrap().is_empty());
+    assert_eq!(s.unfanned(10).await.unwrap().len(), 1);
     assert!(s.remove_endpoint(t, "wh_1", now).await.unwrap());
     assert!(!s.remove_endpoint(t, "wh_1", now).await.unwrap());
     assert!(s.endpoints(None).await.unwrap().is_empty());

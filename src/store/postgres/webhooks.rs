@@ -187,6 +187,14 @@ async fn attempted(
     Ok(())
 }
 
+async fn prune(client: &mut Client, before: UnixMs) -> PgResult<u64> {
+    let tx = client.transaction().await?;
+    let n = execute(&tx, &q::PRUNE_DELIVERIES, &[Int(before)]).await?
+        + execute(&tx, &q::PRUNE_EVENTS, &[Int(before)]).await?;
+    tx.commit().await?;
+    Ok(n)
+}
+
 async fn backlog(client: &Client) -> PgResult<Backlog> {
     let b = query_opt(client, &q::BACKLOG, &[], |c| {
         Ok(Backlog {
@@ -272,6 +280,10 @@ impl WebhookStore for PgStore {
 
     async fn deliveries(&self, tenant: Option<TenantId>) -> StoreResult<Vec<DeliveryInfo>> {
         with_retry!(self, c => query(&*c, &q::DELIVERIES, &[OptInt(tenant)], q::delivery_info))
+    }
+
+    async fn prune_webhooks(&self, before: UnixMs) -> StoreResult<u64> {
+        with_retry!(self, c => prune(c, before))
     }
 
     async fn expiring_keys(&self, now: UnixMs, until: UnixMs) -> StoreResult<Vec<ExpiringKey>> {

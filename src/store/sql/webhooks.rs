@@ -152,3 +152,14 @@ pub fn expiring_key(c: &mut Cols<'_>) -> StoreResult<ExpiringKey> {
         expires_at: c.int()?,
     })
 }
+
+/// Finished deliveries done before $1.
+pub static PRUNE_DELIVERIES: Sql =
+    Sql::text("DELETE FROM webhook_deliveries WHERE state <> 'pending' AND done_at < $1");
+
+/// Fanned-out events written before $1 with no delivery left.
+pub static PRUNE_EVENTS: Sql = Sql::text(
+    "DELETE FROM webhook_outbox
+      WHERE fanned = 1 AND created_at < $1
+        AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = webhook_outbox.event_id)",
+);

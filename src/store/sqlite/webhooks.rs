@@ -281,6 +281,17 @@ impl WebhookStore for SqliteStore {
         .await
     }
 
+    async fn prune_webhooks(&self, before: UnixMs) -> StoreResult<u64> {
+        self.run(move |conn| {
+            let tx = write_tx(conn)?;
+            let n = execute(&tx, &q::PRUNE_DELIVERIES, &[Int(before)])?
+                + execute(&tx, &q::PRUNE_EVENTS, &[Int(before)])?;
+            tx.commit().map_err(sql_err)?;
+            Ok(n as u64)
+        })
+        .await
+    }
+
     async fn expiring_keys(&self, now: UnixMs, until: UnixMs) -> StoreResult<Vec<ExpiringKey>> {
         self.run(move |conn| {
             Ok(query(
