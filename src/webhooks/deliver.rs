@@ -81,3 +81,76 @@ async fn exchange(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A one-connection server that reads the request head and answers `answer` (or closes
+    /// without a word when it is empty); the request it read.
+    async fn serve_once(answer: &'static [u8]) -> (EndpointUrl, tokio::task::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut buf = [0u8; 1024];
+                let n = s.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            if !answer.is_empty() {
+                s.write_all(answer).await.unwrap();
+            }
+            got
+        });
+        let url = EndpointUrl::parse(&format!("http://127.0.0.1:{port}/in")).unwrap();
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn the_status_after_informational_heads_is_the_answer() {
+        let (url, task) =
+            serve_once(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n").await;
+        let connector = TransportConnector::new(None);
+        let request = b"POST /in HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n";
+        let status = post(&connector, &url, request, Duration::from_secs(5)).await;
+        assert_eq!(status, Ok(204));
+        assert!(task.await.unwrap().starts_with(b"POST /in HTTP/1.1"));
+    }
+
+    #[tokio::test]
+    async fn no_answer_a_refused_connection_and_silence_are_errors() {
+        let connector = TransportConnector::new(None);
+        let request = b"POST /in HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n";
+        let (url, _task) = serve_once(b"").await;
+        let e = post(&connector, &url, request, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(e.contains("closed before an answer"), "{e}");
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let url = EndpointUrl::parse(&format!("http://127.0.0.1:{port}/")).unwrap();
+        let e = post(&connector, &url, request, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(e.contains("cannot connect"), "{e}");
+
+        // Accepts, reads, never answers: the timeout ends it.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _held = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(s);
+        });
+        let url = EndpointUrl::parse(&format!("http://127.0.0.1:{port}/")).unwrap();
+        let e = post(&connector, &url, request, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(e.contains("no answer within 200 ms"), "{e}");
+    }
+}
