@@ -22,7 +22,10 @@
 //! (`Quipu-Signature: t=…,v1=…`), and each attempt recorded: a 2xx is delivered; anything else
 //! (a timeout, a refused connection, a 500, a redirect) is retried after the backoff of
 //! `[webhook_delivery]`, until its last attempt, after which it is dead. A delivery whose
-//! endpoint was removed (from the config or by its tenant) dies at its next turn.
+//! endpoint was removed (from the config or by its tenant) dies at its next turn, and so does
+//! one to a tenant's endpoint at an internal address (unless
+//! `webhook_delivery.tenant_private_urls`): tenants cannot make the gateway post into the
+//! operator's network.
 //!
 //! Metrics: `quipu_webhook_deliveries_total{outcome="delivered|failed|dead"}` (each attempt's
 //! outcome: `failed` is retried later) and `quipu_webhook_backlog` (deliveries pending plus

@@ -1,6 +1,6 @@
 //! The sender's loop (see the module docs of `webhooks`): lease, scan, fan out, send.
 
-use super::deliver;
+use super::deliver::{self, NoAnswer};
 use crate::config::{Webhook, WebhookDelivery};
 use crate::metrics::m;
 use crate::store::webhooks::{Attempt, DueDelivery, WebhookEndpoint, WebhookEvent};
@@ -199,8 +199,10 @@ impl Sender {
                     signature::sign(t.secret.as_bytes(), now.div_euclid(1000), d.body.as_bytes());
                 let bytes =
                     endpoint::request(&t.url, &d.event_id, &d.kind, &header, d.body.as_bytes());
+                let public_only = t.tenant.is_some() && !self.delivery.tenant_private_urls;
+                let timeout = self.delivery.timeout;
                 let result =
-                    deliver::post(&self.connector, &t.url, &bytes, self.delivery.timeout).await;
+                    deliver::post(&self.connector, &t.url, &bytes, timeout, public_only).await;
                 self.judge(d, result, now)
             }
         };
@@ -231,11 +233,17 @@ impl Sender {
     }
 
     /// What an attempt's result makes of the delivery.
-    fn judge(&self, d: &DueDelivery, result: Result<u16, String>, now: UnixMs) -> Attempt {
+    fn judge(&self, d: &DueDelivery, result: Result<u16, NoAnswer>, now: UnixMs) -> Attempt {
         let (status, error) = match result {
             Ok(s) if endpoint::delivered(s) => return Attempt::Delivered { status: s },
             Ok(s) => (Some(s), format!("the endpoint answered {s}")),
-            Err(e) => (None, e),
+            Err(NoAnswer::Failed(e)) => (None, e),
+            Err(NoAnswer::Forbidden(e)) => {
+                return Attempt::Dead {
+                    status: None,
+                    error: e,
+                }
+            }
         };
         match self
             .delivery

@@ -120,7 +120,8 @@ class Receiver:
         return self.accepted(tenant, kind)
 
 
-def hooks_config(receiver: Receiver) -> str:
+def hooks_config(receiver: Receiver, private_ok: bool = True) -> str:
+    # The receivers listen on 127.0.0.1: tenants' endpoints there need the operator's consent.
     return f"""
 [[webhooks]]
 url = "{receiver.url}"
@@ -133,6 +134,7 @@ max_retry_delay_s = 1
 max_attempts = 8
 poll_ms = 100
 key_scan_s = 1
+{"tenant_private_urls = true" if private_ok else ""}
 """
 
 
@@ -294,10 +296,22 @@ def test_a_tenant_registers_its_own_endpoint_with_a_manage_key(hooked, receiver)
 
 
 def test_an_event_is_delivered_after_a_restart(workdir, sim):
+    # This gateway keeps the default: tenants' endpoints must be public (the operator's, like
+    # this receiver on 127.0.0.1, may be anywhere).
     r = Receiver(OP_SECRET)
-    g = Gateway(workdir, {"colibri": [sim.api_base]}, extra=hooks_config(r), name="quipu-hooks-restart")
+    g = Gateway(workdir, {"colibri": [sim.api_base]}, extra=hooks_config(r, private_ok=False),
+                name="quipu-hooks-restart")
     g.start()
     try:
+        g.cli("tenant", "create", "insider")
+        secret = g.cli("key", "create", "--tenant", "insider", "--manage")["secret"]
+        g.wait_key(secret)
+        for url in ("http://127.0.0.1:9/x", "http://169.254.169.254/latest", "http://localhost/",
+                    "http://[::1]/"):
+            status, body, _ = g.request("POST", "/v1/webhooks", {"url": url},
+                                        {"Authorization": f"Bearer {secret}"})
+            assert status == 400 and "internal address" in body["error"]["message"], (url, body)
+
         r.answer = lambda event: 500  # the receiver fails while Quipu runs...
         g.cli("tenant", "create", "restarted")
         g.cli("topup", "--tenant", "restarted", "--amount", "10.00")

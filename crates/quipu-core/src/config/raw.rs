@@ -63,6 +63,7 @@ pub struct RawWebhookDelivery {
     pub max_attempts: u32,
     pub poll_ms: u64,
     pub key_scan_s: u64,
+    pub tenant_private_urls: bool,
 }
 
 impl Default for RawWebhookDelivery {
@@ -75,6 +76,7 @@ impl Default for RawWebhookDelivery {
             max_attempts: 20,
             poll_ms: 1000,
             key_scan_s: 300,
+            tenant_private_urls: false,
         }
     }
 }

@@ -13,6 +13,7 @@
 //! first_retry_ms = 30000
 //! max_retry_delay_s = 21600
 //! max_attempts = 20
+//! tenant_private_urls = false   # tenants' endpoints at internal addresses are refused
 //! ```
 
 use super::raw::{RawWebhook, RawWebhookDelivery};
@@ -43,6 +44,10 @@ pub struct WebhookDelivery {
     pub poll: Duration,
     /// How often keys about to expire are looked for.
     pub key_scan: Duration,
+    /// Whether tenants' endpoints may be at internal addresses (loopback, private networks,
+    /// link-local and cloud metadata): off by default, so a tenant cannot make the gateway
+    /// post to the operator's own network. The operator's endpoints may be anywhere.
+    pub tenant_private_urls: bool,
 }
 
 /// The id of the operator's endpoint at `url`.
@@ -138,5 +143,6 @@ pub(super) fn validate_delivery(r: RawWebhookDelivery, errs: &mut Vec<String>) -
         },
         poll: Duration::from_millis(r.poll_ms),
         key_scan: Duration::from_secs(r.key_scan_s),
+        tenant_private_urls: r.tenant_private_urls,
     }
 }
