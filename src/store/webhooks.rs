@@ -25,7 +25,7 @@
 //! event.
 //!
 //! **Delivery.** One replica at a time holds the sender's lease (`webhook_sender`, renewed
-//! each round; PostgreSQL by its own clock): it fans new events out into one
+//! while it sends; PostgreSQL by its own clock): it fans new events out into one
 //! `webhook_deliveries` row per endpoint that subscribes to them (the operator's endpoints
 //! come from the config, so fan-out happens at send time, not in the cause's transaction),
 //! then sends the due ones and records each attempt: delivered, retried later, or dead. All

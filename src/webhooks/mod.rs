@@ -8,8 +8,8 @@
 //! rows to receivers, on the bookkeeping runtime: no request ever waits on it.
 //!
 //! **Exactly one sender.** Every replica runs the loop, but a round starts only with the
-//! sender's lease in the store (`webhook_sender`, renewed each round, timed by PostgreSQL's
-//! clock on PostgreSQL); the others wait. The lease lasts three attempt timeouts (at least
+//! sender's lease in the store (`webhook_sender`, renewed when half of it is left, timed by
+//! PostgreSQL's clock on PostgreSQL); the others try to take it each round. The lease lasts three attempt timeouts (at least
 //! 5 s), longer than a round's sends, which run concurrently, each bounded by the timeout. A
 //! sender that stalls past its lease may have a delivery sent again by the next one: deliveries
 //! are at least once, and the event id (header and body) lets a receiver drop a repeat.

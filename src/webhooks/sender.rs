@@ -77,6 +77,7 @@ impl Sender {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_scan: Option<tokio::time::Instant> = None;
         let mut last_prune: Option<tokio::time::Instant> = None;
+        let mut held_until: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -85,13 +86,8 @@ impl Sender {
             if *stop.borrow() {
                 break;
             }
-            match self.store.lead_sender(&self.replica, self.lease_ms()).await {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(e) => {
-                    log::warn!("webhooks: cannot take the sender's lease: {e}");
-                    continue;
-                }
+            if !self.hold_lease(&mut held_until).await {
+                continue;
             }
             let scan_due = last_scan.is_none_or(|at| at.elapsed() >= self.delivery.key_scan);
             if scan_due {
@@ -113,6 +109,27 @@ impl Sender {
         if let Err(e) = self.store.resign_sender(&self.replica).await {
             log::warn!("webhooks: could not give up the sender's lease: {e}");
         }
+    }
+
+    /// Whether this replica holds the sender's lease for this round: renewed once less than
+    /// half of it is left (on SQLite each renewal is a write and an fsync), taken when free.
+    /// `held_until` is when it runs out at the latest, by this process's clock (measured from
+    /// before the store call, so never later than the store's own reckoning).
+    async fn hold_lease(&self, held_until: &mut Option<tokio::time::Instant>) -> bool {
+        let lease = Duration::from_millis(u64::try_from(self.lease_ms()).unwrap_or(u64::MAX));
+        let asked = tokio::time::Instant::now();
+        if held_until.is_some_and(|until| until.saturating_duration_since(asked) > lease / 2) {
+            return true;
+        }
+        *held_until = match self.store.lead_sender(&self.replica, self.lease_ms()).await {
+            Ok(true) => Some(asked + lease),
+            Ok(false) => None,
+            Err(e) => {
+                log::warn!("webhooks: cannot take the sender's lease: {e}");
+                None
+            }
+        };
+        held_until.is_some()
     }
 
     /// The expiry notices due now, each inserted once (see `crossing::expiry_notice`).
