@@ -10,7 +10,8 @@ delivery's signature (`Quipu-Signature: t=…,v1=HMAC-SHA256(secret, "t.body")`)
 - an event whose receiver failed while Quipu stopped is delivered after Quipu starts again;
 - a tenant's own endpoint (registered with a manage key) gets its tenant's events, signed with
   the secret it was given, and nothing of other tenants; other keys get 403;
-- with 3 replicas on one PostgreSQL, each event is delivered once.
+- with 3 replicas on one PostgreSQL, each event is delivered once, by one of them; when that
+  one is killed, another takes over.
 
 Every "not delivered" check waits first for a later event to be delivered: deliveries go out in
 the outbox's order, so by then the one that must not exist would have arrived.
@@ -24,6 +25,7 @@ import hmac
 import http.server
 import json
 import os
+import signal
 import threading
 import time
 from decimal import Decimal
@@ -352,11 +354,21 @@ def test_three_replicas_deliver_each_event_once(workdir):
         for name in names:
             (event,) = r.accepted(name, "topup.received")
             assert r.attempts(event["id"]) == [200], f"{name}: delivered more than once"
-        sent = sum(g.metric_value("quipu_webhook_deliveries_total", outcome="delivered") for g in replicas)
-        assert sent == len(r.deliveries), (sent, len(r.deliveries))
+        counts = [g.metric_value("quipu_webhook_deliveries_total", outcome="delivered") for g in replicas]
+        assert sum(counts) == len(r.deliveries), (counts, len(r.deliveries))
+        assert sorted(c > 0 for c in counts) == [False, False, True], f"one sender: {counts}"
+        # The sender dies without a word: another replica takes over once its lease runs out.
+        sender = replicas[counts.index(max(counts))]
+        sender.process.stop(signal.SIGKILL, timeout=10)
+        alive = [g for g in replicas if g is not sender]
+        alive[0].cli("tenant", "create", "after-the-sender")
+        alive[0].cli("topup", "--tenant", "after-the-sender", "--amount", "10.00")
+        (event,) = r.wait_for("after-the-sender", "topup.received", timeout=30)
+        assert r.attempts(event["id"]) == [200]
         assert r.bad == []
     finally:
         for g in replicas:
-            g.stop()
+            if g.process and g.process.alive():
+                g.stop()
         s.stop()
         r.stop()
