@@ -33,3 +33,4 @@ pub mod store;
 pub mod threads;
 pub mod upstream;
 pub mod web;
+pub mod webhooks;

@@ -186,6 +186,16 @@ pub fn serve(config: Config, flags: ServeFlags) -> Result<(), String> {
     }
     let (writer_stop_tx, writer_stop_rx) = tokio::sync::watch::channel(false);
     let writer_task = billing_rt.spawn(writer.run(writer_stop_rx));
+    // Alerts as webhooks: one sender across the replicas sharing the store (see `webhooks`).
+    billing_rt.spawn(
+        crate::webhooks::Sender::new(
+            store.clone(),
+            replica.clone(),
+            config.webhooks.clone(),
+            config.webhook_delivery,
+        )
+        .run(writer_stop_tx.subscribe()),
+    );
     billing_rt.spawn(crate::proxy::responses::cleanup(
         store.clone(),
         config.clone(),
@@ -638,6 +648,14 @@ impl Finisher {
             let unwritten = self.responses.flush(LEASE_RETURN_TIMEOUT).await;
             if unwritten > 0 {
                 log::error!("{unwritten} stored responses not written before exit");
+            }
+            // Another replica may send the webhooks at once.
+            let resigned = tokio::time::timeout(
+                LEASE_RETURN_TIMEOUT,
+                self.store.resign_sender(&self.replica),
+            );
+            if let Ok(Err(e)) = resigned.await {
+                log::warn!("could not give up the webhook sender's lease: {e}");
             }
             // Slices of shared rate windows this replica did not use: the others may.
             self.limiter

@@ -20,7 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["threads", "keys"],
     &["logger", "metrics", "store"],
     &["ratelimit", "billing", "catalog", "http", "web"],
-    &["auth", "upstream", "ops"],
+    &["auth", "upstream", "ops", "webhooks"],
     &["proxy", "admin", "config_file"],
     &["server"],
 ];

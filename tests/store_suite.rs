@@ -286,6 +286,10 @@ store_suite!(
     cap_leases_answer_like_balance_leases,
     three_replicas_never_spend_past_a_cap,
     a_cap_refusal_holds_nothing,
+    a_top_up_writes_its_event_once,
+    a_balance_falling_below_its_threshold_alerts_once_per_crossing,
+    one_sender_at_a_time_and_deliveries_end_once,
+    expiring_keys_are_found_and_noticed_once,
 );
 
 #[path = "store_suite/caps.rs"]
@@ -293,6 +297,13 @@ mod caps;
 use caps::{
     a_cap_refusal_holds_nothing, cap_leases_answer_like_balance_leases,
     three_replicas_never_spend_past_a_cap,
+};
+
+#[path = "store_suite/webhooks.rs"]
+mod webhooks;
+use webhooks::{
+    a_balance_falling_below_its_threshold_alerts_once_per_crossing, a_top_up_writes_its_event_once,
+    expiring_keys_are_found_and_noticed_once, one_sender_at_a_time_and_deliveries_end_once,
 };
 
 #[path = "store_suite/leases.rs"]
@@ -2127,4 +2138,83 @@ async fn replicas_short_at_once_pool_their_idle_leases(fx: &Fixture) {
         }
     }
     assert_leases_covered(&*stores[0], t, "after the race").await;
+}
+
+#[async_trait::async_trait]
+impl store::WebhookStore for Rigged {
+    async fn add_endpoint(&self, e: &store::webhooks::WebhookEndpoint) -> store::StoreResult<()> {
+        self.inner.add_endpoint(e).await
+    }
+    async fn endpoints(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> store::StoreResult<Vec<store::webhooks::WebhookEndpoint>> {
+        self.inner.endpoints(tenant).await
+    }
+    async fn remove_endpoint(
+        &self,
+        tenant: TenantId,
+        id: &str,
+        now: i64,
+    ) -> store::StoreResult<bool> {
+        self.inner.remove_endpoint(tenant, id, now).await
+    }
+    async fn emit(
+        &self,
+        events: &[(TenantId, store::webhooks::WebhookEvent)],
+    ) -> store::StoreResult<u64> {
+        self.inner.emit(events).await
+    }
+    async fn lead_sender(&self, replica: &str, lease_ms: i64) -> store::StoreResult<bool> {
+        self.inner.lead_sender(replica, lease_ms).await
+    }
+    async fn resign_sender(&self, replica: &str) -> store::StoreResult<()> {
+        self.inner.resign_sender(replica).await
+    }
+    async fn unfanned(&self, limit: u32) -> store::StoreResult<Vec<store::webhooks::OutboxEvent>> {
+        self.inner.unfanned(limit).await
+    }
+    async fn fan_out(
+        &self,
+        events: &[String],
+        deliveries: &[(String, String)],
+        now: i64,
+    ) -> store::StoreResult<()> {
+        self.inner.fan_out(events, deliveries, now).await
+    }
+    async fn due(
+        &self,
+        now: i64,
+        limit: u32,
+    ) -> store::StoreResult<Vec<store::webhooks::DueDelivery>> {
+        self.inner.due(now, limit).await
+    }
+    async fn attempted(
+        &self,
+        event_id: &str,
+        endpoint: &str,
+        attempt: &store::webhooks::Attempt,
+        now: i64,
+    ) -> store::StoreResult<()> {
+        self.inner.attempted(event_id, endpoint, attempt, now).await
+    }
+    async fn backlog(&self) -> store::StoreResult<store::webhooks::Backlog> {
+        self.inner.backlog().await
+    }
+    async fn deliveries(
+        &self,
+        tenant: Option<TenantId>,
+    ) -> store::StoreResult<Vec<store::webhooks::DeliveryInfo>> {
+        self.inner.deliveries(tenant).await
+    }
+    async fn prune_webhooks(&self, before: i64) -> store::StoreResult<u64> {
+        self.inner.prune_webhooks(before).await
+    }
+    async fn expiring_keys(
+        &self,
+        now: i64,
+        until: i64,
+    ) -> store::StoreResult<Vec<store::webhooks::ExpiringKey>> {
+        self.inner.expiring_keys(now, until).await
+    }
 }

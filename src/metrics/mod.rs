@@ -302,6 +302,15 @@ metrics! {
         "Ledger spill files in store.spill_dir not imported yet: their charges are not in the tenants' balances until `quipu ledger import` (complete), or a process died writing them (incomplete)",
         &["state"],
     );
+    webhook_deliveries: IntCounterVec = counter(
+        "quipu_webhook_deliveries_total",
+        "Webhook delivery attempts by outcome: delivered, failed (retried later), dead (given up)",
+        &["outcome"],
+    );
+    webhook_backlog: IntGauge = IntGauge::new(
+        "quipu_webhook_backlog",
+        "Webhook deliveries pending plus events not yet fanned out, as the sender last counted",
+    );
     keys_active: IntGauge = IntGauge::new("quipu_keys_active", "Active API keys in the snapshot");
     build_info: IntGaugeVec = gauge_vec(
         "quipu_build_info",

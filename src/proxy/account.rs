@@ -38,8 +38,8 @@ pub const MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// What the account routes read from: the store, a few queries at a time.
 pub struct AccountReads {
-    store: Arc<dyn Store>,
-    permits: Semaphore,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) permits: Semaphore,
 }
 
 impl AccountReads {

@@ -74,7 +74,9 @@ pub fn handle(gw: &Gateway, session: &ServerSession, route: Route) -> Reply {
         | Route::Usage
         | Route::Keys
         | Route::Requests
-        | Route::TopUps => {
+        | Route::TopUps
+        | Route::Webhooks
+        | Route::Webhook => {
             // `serve` sends API and account routes to their handlers; reaching here is a bug,
             // answered as one.
             log::error!("route {} reached the local handler", route.as_str());

@@ -35,6 +35,7 @@ pub mod respond;
 pub mod responses;
 pub mod settle;
 mod stream;
+pub mod webhooks;
 
 pub use ctx::{Outcome, RequestCtx};
 
@@ -208,6 +209,8 @@ impl ServeRequest for Gateway {
             .into()
         } else if route.is_api() {
             api::handle(self, &mut session, &mut ctx).await
+        } else if matches!(route, route::Route::Webhooks | route::Route::Webhook) {
+            webhooks::handle(self, &mut session, &mut ctx, route).await
         } else if let Some(account_route) = route.account() {
             account::handle(self, &mut session, &mut ctx, account_route).await
         } else {

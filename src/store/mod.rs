@@ -11,6 +11,7 @@
 //! | [`ResponseStore`] | stored responses |
 //! | [`ReplicaChannel`] | signals between replicas (PostgreSQL `LISTEN`/`NOTIFY`) |
 //! | [`UsageStore`] | the account API's reads (see [`usage`]) |
+//! | [`WebhookStore`] | alert endpoints, the outbox of events and their deliveries (see [`webhooks`]) |
 //!
 //! Two implementations: SQLite (the embedded default, one file) and PostgreSQL (several
 //! gateway replicas sharing tenants, keys, balances and the ledger). Each implements each
@@ -93,8 +94,10 @@ pub mod sql;
 mod sql_money;
 pub mod sqlite;
 pub mod usage;
+pub mod webhooks;
 
 pub use usage::UsageStore;
+pub use webhooks::WebhookStore;
 
 use crate::config::redact_url;
 use crate::money::Pen;
@@ -578,7 +581,7 @@ impl fmt::Display for Backend {
 /// gateway passes around; a caller that needs one concern takes that trait (generic over
 /// `S: LedgerStore + ?Sized`, which `dyn Store` satisfies).
 pub trait Store:
-    TenantStore + LedgerStore + LeaseStore + ResponseStore + ReplicaChannel + UsageStore
+    TenantStore + LedgerStore + LeaseStore + ResponseStore + ReplicaChannel + UsageStore + WebhookStore
 {
     fn kind(&self) -> Backend;
 }

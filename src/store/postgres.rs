@@ -20,7 +20,9 @@
 //! ([`ReplicaChannel`](super::ReplicaChannel): `LISTEN`/`NOTIFY` on the channel
 //! `quipu_replicas`, on a connection of its own), `responses`
 //! ([`ResponseStore`](super::ResponseStore)) and `usage` ([`UsageStore`](super::UsageStore):
-//! the account API's reads, and the roll-ups `record` keeps for them).
+//! the account API's reads, and the roll-ups `record` keeps for them) and `webhooks`
+//! ([`WebhookStore`](super::webhooks::WebhookStore): the outbox, and the events other
+//! transactions write in it).
 
 use super::rows::DbError;
 use super::sql::{pg_params, Cols, Sql, SqlValue};
@@ -304,6 +306,7 @@ mod replicas;
 mod responses;
 mod tenants;
 mod usage;
+pub mod webhooks;
 
 impl PgStore {
     /// Connects to `url` (`postgres://user:password@host:port/db`, or any form

@@ -63,6 +63,14 @@
 //! for one period: its limit and what was spent in it) and `cap_leases` (the replicas' leases
 //! on them, as `leases` are on balances).
 //!
+//! Migration 9 added alerts as webhooks (see `webhooks`): `webhook_endpoints` (the endpoints
+//! tenants registered: id, tenant, URL, signing secret, subscribed events as `*` or a comma
+//! list, created and deleted times), `webhook_outbox` (one row per event, unique by its
+//! `event_id`, written in the transaction of the change that caused it: tenant, type, the JSON
+//! body, and `fanned` once the sender has made its deliveries), `webhook_deliveries` (one row
+//! per event and endpoint: `pending`, `delivered` or `dead`, attempts so far, when the next is
+//! due, the last answer) and `webhook_sender` (one row: which replica sends, and until when).
+//!
 //! Every timestamp is milliseconds since the Unix epoch (UTC) in a 64-bit integer column.
 //!
 //! Migrations are numbered from 1 and applied in order at open, each in the same transaction
@@ -278,6 +286,7 @@ ALTER TABLE leases ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
 "#,
     ),
     (8, GOVERNANCE_SQLITE),
+    (9, WEBHOOKS_SQLITE),
 ];
 
 /// Migration 8 on SQLite (see the module docs).
@@ -481,6 +490,7 @@ ALTER TABLE leases
 "#,
     ),
     (8, GOVERNANCE_PG),
+    (9, WEBHOOKS_PG),
 ];
 
 /// Migration 8 on PostgreSQL (see the module docs).
@@ -521,6 +531,94 @@ CREATE TABLE cap_leases (
     PRIMARY KEY (pool, replica)
 );
 CREATE INDEX cap_leases_by_replica ON cap_leases (replica);
+"#;
+
+/// Migration 9 on SQLite (see the module docs).
+const WEBHOOKS_SQLITE: &str = r#"
+CREATE TABLE webhook_endpoints (
+    id          TEXT    PRIMARY KEY,
+    tenant_id   INTEGER NOT NULL REFERENCES tenants(id),
+    url         TEXT    NOT NULL,
+    secret      TEXT    NOT NULL,
+    events      TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    deleted_at  INTEGER
+) STRICT;
+CREATE INDEX webhook_endpoints_by_tenant ON webhook_endpoints (tenant_id, created_at);
+
+CREATE TABLE webhook_outbox (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id    TEXT    NOT NULL UNIQUE,
+    tenant_id   INTEGER NOT NULL REFERENCES tenants(id),
+    kind        TEXT    NOT NULL,
+    body        TEXT    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    fanned      INTEGER NOT NULL DEFAULT 0 CHECK (fanned IN (0, 1))
+) STRICT;
+CREATE INDEX webhook_outbox_unfanned ON webhook_outbox (seq) WHERE fanned = 0;
+
+CREATE TABLE webhook_deliveries (
+    event_id     TEXT    NOT NULL REFERENCES webhook_outbox(event_id),
+    endpoint     TEXT    NOT NULL,
+    state        TEXT    NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'dead')),
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    next_at      INTEGER NOT NULL,
+    last_status  INTEGER,
+    last_error   TEXT,
+    done_at      INTEGER,
+    PRIMARY KEY (event_id, endpoint)
+) STRICT;
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_at) WHERE state = 'pending';
+
+CREATE TABLE webhook_sender (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    holder  TEXT    NOT NULL,
+    until   INTEGER NOT NULL
+) STRICT;
+"#;
+
+/// Migration 9 on PostgreSQL (see the module docs).
+const WEBHOOKS_PG: &str = r#"
+CREATE TABLE webhook_endpoints (
+    id          TEXT    PRIMARY KEY,
+    tenant_id   BIGINT  NOT NULL REFERENCES tenants(id),
+    url         TEXT    NOT NULL,
+    secret      TEXT    NOT NULL,
+    events      TEXT    NOT NULL,
+    created_at  BIGINT  NOT NULL,
+    deleted_at  BIGINT
+);
+CREATE INDEX webhook_endpoints_by_tenant ON webhook_endpoints (tenant_id, created_at);
+
+CREATE TABLE webhook_outbox (
+    seq         BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id    TEXT    NOT NULL UNIQUE,
+    tenant_id   BIGINT  NOT NULL REFERENCES tenants(id),
+    kind        TEXT    NOT NULL,
+    body        TEXT    NOT NULL,
+    created_at  BIGINT  NOT NULL,
+    fanned      BIGINT  NOT NULL DEFAULT 0 CHECK (fanned IN (0, 1))
+);
+CREATE INDEX webhook_outbox_unfanned ON webhook_outbox (seq) WHERE fanned = 0;
+
+CREATE TABLE webhook_deliveries (
+    event_id     TEXT    NOT NULL REFERENCES webhook_outbox(event_id),
+    endpoint     TEXT    NOT NULL,
+    state        TEXT    NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'dead')),
+    attempts     BIGINT  NOT NULL DEFAULT 0,
+    next_at      BIGINT  NOT NULL,
+    last_status  BIGINT,
+    last_error   TEXT,
+    done_at      BIGINT,
+    PRIMARY KEY (event_id, endpoint)
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_at) WHERE state = 'pending';
+
+CREATE TABLE webhook_sender (
+    id      BIGINT  PRIMARY KEY CHECK (id = 1),
+    holder  TEXT    NOT NULL,
+    until   BIGINT  NOT NULL
+);
 "#;
 
 /// The schema version this build migrates to.

@@ -24,7 +24,9 @@
 //! rows, rejects, statements), `leases` ([`LeaseStore`](super::LeaseStore): leases and shared
 //! rate windows; no [`ReplicaChannel`](super::ReplicaChannel) between processes), `responses`
 //! ([`ResponseStore`](super::ResponseStore)) and `usage` ([`UsageStore`](super::UsageStore):
-//! the account API's reads, and the roll-ups `record` keeps for them).
+//! the account API's reads, and the roll-ups `record` keeps for them) and `webhooks`
+//! ([`WebhookStore`](super::webhooks::WebhookStore): the outbox, and the events other
+//! transactions write in it).
 
 use super::rows::DbError;
 use super::sql::{Cols, Sql, SqlValue};
@@ -40,6 +42,7 @@ mod ledger;
 mod responses;
 mod tenants;
 mod usage;
+pub mod webhooks;
 
 /// How long a writer waits for another process's write transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);

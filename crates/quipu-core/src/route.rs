@@ -43,6 +43,11 @@ pub enum Route {
     Requests,
     /// `GET /v1/topups`: the tenant's top-ups, newest first.
     TopUps,
+    /// `GET` / `POST /v1/webhooks`: the tenant's webhook endpoints, listed or registered
+    /// (a key with the `manage` scope).
+    Webhooks,
+    /// `DELETE /v1/webhooks/{id}`: one of them removed.
+    Webhook,
     /// `GET /account` and its assets: the web page that shows the account routes.
     AccountPage,
     NotFound,
@@ -84,6 +89,8 @@ impl Route {
             | Route::Keys
             | Route::Requests
             | Route::TopUps
+            | Route::Webhooks
+            | Route::Webhook
             | Route::AccountPage
             | Route::NotFound
             | Route::MethodNotAllowed => None,
@@ -110,6 +117,8 @@ impl Route {
             | Route::Pricing
             | Route::Plans
             | Route::Health
+            | Route::Webhooks
+            | Route::Webhook
             | Route::AccountPage
             | Route::NotFound
             | Route::MethodNotAllowed => None,
@@ -219,6 +228,8 @@ pub fn route(method: &http::Method, path: &str) -> Route {
         },
         "/v1/requests" => want(get, Route::Requests),
         "/v1/topups" => want(get, Route::TopUps),
+        "/v1/webhooks" => want(get || post, Route::Webhooks),
+        p if webhook_path(p).is_some() => want(delete, Route::Webhook),
         "/account" => want(get, Route::AccountPage),
         p if p.starts_with("/account/") => want(get, Route::AccountPage),
         p if p.starts_with("/v1/models/") && p.len() > "/v1/models/".len() => {
@@ -254,6 +265,15 @@ pub fn key_path(path: &str) -> Option<(&str, bool)> {
         None => (rest, false),
     };
     (!id.is_empty()).then_some((id, rotate))
+}
+
+/// `/v1/webhooks/{id}` → the id (one non-empty path segment; the query string and one
+/// trailing slash are not part of it).
+pub fn webhook_path(path: &str) -> Option<&str> {
+    let path = path.split('?').next().unwrap_or(path);
+    let rest = path.strip_prefix("/v1/webhooks/")?;
+    let id = rest.strip_suffix('/').unwrap_or(rest);
+    (!id.is_empty() && !id.contains('/')).then_some(id)
 }
 
 /// The error shape to use for a path, when the route does not decide it.
@@ -318,6 +338,19 @@ mod tests {
             route(&Method::POST, "/v1/responses/resp_1/cancel"),
             Route::NotFound
         );
+        assert_eq!(route(&Method::GET, "/v1/webhooks/"), Route::Webhooks);
+        assert_eq!(
+            route(&Method::GET, "/v1/webhooks/wh_1"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(
+            route(&Method::DELETE, "/v1/webhooks"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(
+            route(&Method::DELETE, "/v1/webhooks/wh_1/x"),
+            Route::NotFound
+        );
         assert_eq!(route(&Method::GET, "/api/hello"), Route::NotFound);
         assert_eq!(route(&Method::GET, "/"), Route::NotFound);
     }
@@ -342,6 +375,8 @@ mod tests {
             Route::Keys => Some((Method::GET, "/v1/keys")),
             Route::Requests => Some((Method::GET, "/v1/requests?limit=5")),
             Route::TopUps => Some((Method::GET, "/v1/topups")),
+            Route::Webhooks => Some((Method::POST, "/v1/webhooks")),
+            Route::Webhook => Some((Method::DELETE, "/v1/webhooks/wh_0123")),
             Route::AccountPage => Some((Method::GET, "/account/app.js")),
             Route::NotFound => Some((Method::GET, "/nowhere")),
             Route::MethodNotAllowed => Some((Method::DELETE, "/v1/models")),

@@ -17,7 +17,7 @@
 //! transaction is retried (a few times, with a short pause): nothing was committed.
 
 use super::tenants::tenant_with_balance;
-use super::{execute, leases, query, query_opt, snapshot, usage, PgResult, PgStore};
+use super::{execute, leases, query, query_opt, snapshot, usage, webhooks, PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::columns::{names, unnest, LEDGER_COLUMNS};
 use crate::store::rows::{
@@ -84,6 +84,14 @@ async fn top_up_tx(
         )
         .await?;
     let balance = pen_from_text(&after.try_get::<_, String>(0)?, "tenants.balance")?;
+    let top_up = TopUp {
+        id: id.to_owned(),
+        tenant_id: tenant,
+        amount,
+        at: now,
+        note: note.to_owned(),
+    };
+    webhooks::top_up_event(&tx, &top_up, balance).await?;
     // Replicas that found the tenant's balance all leased refuse from memory for a moment:
     // tell them money arrived (delivered at commit, not before).
     let arrived = ReplicaSignal::LeasesReturned {
@@ -100,13 +108,7 @@ async fn top_up_tx(
     .await?;
     tx.commit().await?;
     Ok(TopUpOutcome {
-        top_up: TopUp {
-            id: id.to_owned(),
-            tenant_id: tenant,
-            amount,
-            at: now,
-            note: note.to_owned(),
-        },
+        top_up,
         balance,
         replayed: false,
     })
@@ -150,7 +152,7 @@ static INSERT_LEDGER_ROWS: LazyLock<String> = LazyLock::new(|| {
          SELECT 'request', {cols} FROM {unnest}
          ON CONFLICT (entry_id) DO NOTHING
          RETURNING tenant_id, delta, at, key_id, model, input_tokens, cached_tokens,
-                   output_tokens, caps",
+                   output_tokens, caps, entry_id",
         cols = names(LEDGER_COLUMNS),
         unnest = unnest(LEDGER_COLUMNS, "u"),
     )
@@ -179,6 +181,8 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
     let mut charged: BTreeMap<i64, Pen> = BTreeMap::new();
     // Per cap pool the new rows were reserved against: its tenant and what they charge it.
     let mut caps: BTreeMap<String, (i64, Pen)> = BTreeMap::new();
+    // A new row of each tenant: the change a low-balance alert names.
+    let mut first_new: BTreeMap<i64, String> = BTreeMap::new();
     for r in &inserted {
         let tenant: i64 = r.try_get(0)?;
         let charge = -Pen::from_picos(i128::from(r.try_get::<_, i64>(1)?));
@@ -189,6 +193,9 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
             .filter(|p| !p.is_empty())
         {
             caps.entry(pool.to_owned()).or_insert((tenant, Pen::ZERO)).1 += charge;
+        }
+        if let std::collections::btree_map::Entry::Vacant(slot) = first_new.entry(tenant) {
+            slot.insert(r.try_get(9)?);
         }
     }
     let mut new_rows = Vec::with_capacity(inserted.len());
@@ -211,13 +218,16 @@ async fn record_tx(client: &mut Client, replica: &str, b: &LedgerBatch) -> PgRes
     if !charged.is_empty() {
         let ids: Vec<i64> = charged.keys().copied().collect();
         let amounts: Vec<String> = charged.values().map(|c| pen_to_text(*c)).collect();
-        tx.execute_typed(
-            "UPDATE tenants AS t SET balance = t.balance - u.c::numeric
-               FROM UNNEST($1::int8[], $2::text[]) AS u(id, c)
-              WHERE t.id = u.id",
-            &[(&ids, Type::INT8_ARRAY), (&amounts, Type::TEXT_ARRAY)],
-        )
-        .await?;
+        let after = tx
+            .query_typed(
+                "UPDATE tenants AS t SET balance = t.balance - u.c::numeric
+                   FROM UNNEST($1::int8[], $2::text[]) AS u(id, c)
+                  WHERE t.id = u.id
+                  RETURNING t.id, t.balance::text, t.low_balance, t.name",
+                &[(&ids, Type::INT8_ARRAY), (&amounts, Type::TEXT_ARRAY)],
+            )
+            .await?;
+        webhooks::balance_alerts(&tx, &after, &charged, &first_new).await?;
         let changed = tx
             .query_typed(
                 "UPDATE leases AS l SET amount = GREATEST(l.amount - u.c::numeric, 0),

@@ -27,6 +27,7 @@ pub mod ledger;
 pub mod responses;
 pub mod tenants;
 pub mod usage;
+pub mod webhooks;
 
 use super::sql_money::{pen_from_text, recombine};
 use super::{Backend, StoreError, StoreResult};

@@ -7,7 +7,7 @@
 
 use super::leases::{read_leases, read_own, write_own};
 use super::tenants::{read_balance, tenant_with_balance, write_balance};
-use super::{execute, query, query_opt, read_tx, sql_err, usage, write_tx, SqliteStore};
+use super::{execute, query, query_opt, read_tx, sql_err, usage, webhooks, write_tx, SqliteStore};
 use crate::money::Pen;
 use crate::store::rows::{
     check_row, period_bounds, rejected, replayed_top_up, top_up_entry, RawLedgerRow,
@@ -42,15 +42,17 @@ fn top_up_once(
     let values = [Text(&id), Int(tenant), Int(now), Int(delta), Text(&note)];
     execute(&tx, &q::INSERT_TOP_UP, &values)?;
     write_balance(&tx, tenant, balance + amount)?;
+    let top_up = TopUp {
+        id,
+        tenant_id: tenant,
+        amount,
+        at: now,
+        note,
+    };
+    webhooks::top_up_event(&tx, &top_up, balance + amount)?;
     tx.commit().map_err(sql_err)?;
     Ok(TopUpOutcome {
-        top_up: TopUp {
-            id,
-            tenant_id: tenant,
-            amount,
-            at: now,
-            note,
-        },
+        top_up,
         balance: balance + amount,
         replayed: false,
     })
@@ -69,8 +71,10 @@ fn record(
     rows: Vec<RawLedgerRow>,
 ) -> StoreResult<Recorded> {
     let tx = write_tx(conn)?;
-    // Per tenant: its balance before, and what the new rows charge.
+    // Per tenant: its balance before, what the new rows charge, and the first new row (the
+    // change a low-balance alert names).
     let mut tenants: BTreeMap<TenantId, (Pen, Pen)> = BTreeMap::new();
+    let mut first_new: BTreeMap<TenantId, &str> = BTreeMap::new();
     for row in &rows {
         if let std::collections::btree_map::Entry::Vacant(slot) = tenants.entry(row.tenant_id) {
             slot.insert((read_balance(&tx, row.tenant_id)?, Pen::ZERO));
@@ -106,6 +110,9 @@ fn record(
                         .or_insert((row.tenant_id, Pen::ZERO));
                     slot.1 += row.charge();
                 }
+                first_new
+                    .entry(row.tenant_id)
+                    .or_insert(row.entry_id.as_str());
             }
         }
     }
@@ -116,6 +123,9 @@ fn record(
             continue;
         }
         write_balance(&tx, *tenant, *balance - *charged)?;
+        if let Some(change) = first_new.get(tenant) {
+            webhooks::balance_alerts(&tx, *tenant, (*balance, *balance - *charged), change)?;
+        }
         if let Some(own) = read_own(&tx, *tenant, &replica)? {
             let amount = (own.amount - *charged).max(Pen::ZERO);
             let spent = own.spent + *charged;

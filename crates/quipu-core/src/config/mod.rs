@@ -25,7 +25,8 @@
 //! - [`catalog`]: `[aliases]` (and [`glob_match`]), `[[plans]]`;
 //! - [`responses`]: `[responses]` (stored responses of the Responses API);
 //! - [`scheduling`]: `[scheduling]` and each model's `max_concurrency` (the queue);
-//! - [`secrets`]: `"env:NAME"` values.
+//! - [`secrets`]: `"env:NAME"` values;
+//! - [`webhooks`]: `[[webhooks]]` (the operator's alert endpoints) and `[webhook_delivery]`.
 
 pub mod catalog;
 pub mod models;
@@ -36,6 +37,7 @@ pub mod scheduling;
 pub mod secrets;
 pub mod server;
 pub mod store;
+pub mod webhooks;
 
 #[cfg(test)]
 mod tests;
@@ -45,7 +47,7 @@ pub use models::{Health, Model, Routing, Timeouts, UpstreamTls};
 pub use raw::{
     RawBilling, RawConfig, RawHealth, RawLimits, RawModel, RawPlan, RawPrices, RawResponses,
     RawScheduling, RawSecurity, RawServer, RawStore, RawStreaming, RawTimeouts, RawTls,
-    RawUpstreamTls,
+    RawUpstreamTls, RawWebhook, RawWebhookDelivery,
 };
 pub use replica::{parse_replica, Replica};
 pub use responses::Responses;
@@ -55,6 +57,7 @@ pub use server::{
     Streaming, TlsFiles, PINGORA_MAX_HEAD_BYTES,
 };
 pub use store::{redact_url, Billing, Store};
+pub use webhooks::{Webhook, WebhookDelivery};
 
 use std::fmt;
 
@@ -75,6 +78,8 @@ pub struct Config {
     pub models: Vec<Model>,
     pub aliases: Vec<Alias>,
     pub plans: Vec<Plan>,
+    pub webhooks: Vec<Webhook>,
+    pub webhook_delivery: WebhookDelivery,
 }
 
 /// Every problem found in a configuration, each naming its key.
@@ -138,6 +143,8 @@ impl Config {
             models,
             aliases,
             plans,
+            webhooks,
+            webhook_delivery,
         } = raw;
         let mut errs = Vec::new();
         let server = server::validate_server(server, env, &mut errs);
@@ -151,6 +158,8 @@ impl Config {
         let models = models::validate_models(models, env, &mut errs);
         let aliases = catalog::validate_aliases(aliases, &models, &mut errs);
         let plans = catalog::validate_plans(plans, &mut errs);
+        let webhooks = webhooks::validate_webhooks(webhooks, env, &mut errs);
+        let webhook_delivery = webhooks::validate_delivery(webhook_delivery, &mut errs);
         if errs.is_empty() {
             Ok(Config {
                 server,
@@ -164,6 +173,8 @@ impl Config {
                 models,
                 aliases,
                 plans,
+                webhooks,
+                webhook_delivery,
             })
         } else {
             Err(ConfigErrors(errs))

@@ -35,6 +35,50 @@ pub struct RawConfig {
     pub aliases: BTreeMap<String, String>,
     #[serde(default)]
     pub plans: Vec<RawPlan>,
+    /// The operator's alert endpoints (see `config::webhooks`).
+    #[serde(default)]
+    pub webhooks: Vec<RawWebhook>,
+    #[serde(default)]
+    pub webhook_delivery: RawWebhookDelivery,
+}
+
+/// `[[webhooks]]`: one operator endpoint.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWebhook {
+    pub url: String,
+    pub secret: String,
+    /// Event types, or `["*"]`; none: every event.
+    #[serde(default)]
+    pub events: Vec<String>,
+}
+
+/// `[webhook_delivery]` (see `config::webhooks`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawWebhookDelivery {
+    pub timeout_ms: u64,
+    pub first_retry_ms: u64,
+    pub max_retry_delay_s: u64,
+    pub max_attempts: u32,
+    pub poll_ms: u64,
+    pub key_scan_s: u64,
+    pub tenant_private_urls: bool,
+}
+
+impl Default for RawWebhookDelivery {
+    fn default() -> Self {
+        // The schedule of `governance::webhooks::backoff`'s default.
+        RawWebhookDelivery {
+            timeout_ms: 10_000,
+            first_retry_ms: 30_000,
+            max_retry_delay_s: 6 * 3600,
+            max_attempts: 20,
+            poll_ms: 1000,
+            key_scan_s: 300,
+            tenant_private_urls: false,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -236,6 +236,16 @@ fn parse_ipv4(host: &str) -> Option<Ipv4Addr> {
     u32::try_from(n).ok().map(Ipv4Addr::from)
 }
 
+/// A globally routable unicast address (what an internal target is not: loopback, private,
+/// link-local and cloud metadata, CGNAT, documentation, multicast, …). Shared with the webhook
+/// sender, which delivers to tenants' endpoints only at such addresses unless told otherwise.
+pub fn ip_is_public(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4_is_public(v4),
+        std::net::IpAddr::V6(v6) => v6_is_public(v6),
+    }
+}
+
 /// A globally routable unicast IPv4 address.
 fn v4_is_public(ip: Ipv4Addr) -> bool {
     let [a, b, c, _] = ip.octets();

@@ -324,3 +324,41 @@ fn limit_engine_and_window() {
         "{e}"
     );
 }
+
+#[test]
+fn webhooks_need_an_http_url_a_secret_and_known_events() {
+    let c = parse(MINIMAL).unwrap();
+    assert!(c.webhooks.is_empty());
+    assert_eq!(c.webhook_delivery.backoff.max_attempts, 20);
+    let ok = format!(
+        "{MINIMAL}\n[[webhooks]]\nurl = \"https://ops.example.com/q\"\nsecret = \"env:HOOK\"\nevents = [\"topup.received\"]\n\
+         [[webhooks]]\nurl = \"http://127.0.0.1:9/\"\nsecret = \"s\"\n\
+         [webhook_delivery]\nfirst_retry_ms = 200\nmax_attempts = 3\n"
+    );
+    let env = |n: &str| (n == "HOOK").then(|| "whsec_x".to_owned());
+    let c = Config::parse_with_env(&ok, "t", &env).unwrap();
+    assert_eq!(c.webhooks.len(), 2);
+    assert_eq!(c.webhooks[0].secret, "whsec_x");
+    assert!(c.webhooks[0].events.matches("topup.received"));
+    assert!(!c.webhooks[0].events.matches("balance.low"));
+    assert!(c.webhooks[1].events.matches("balance.low"));
+    assert!(c.webhooks[0].id.starts_with("op_") && c.webhooks[0].id != c.webhooks[1].id);
+    assert_eq!(c.webhook_delivery.backoff.first, Duration::from_millis(200));
+    assert_eq!(c.webhook_delivery.backoff.max_attempts, 3);
+
+    let bad = format!(
+        "{MINIMAL}\n[[webhooks]]\nurl = \"ftp://x\"\nsecret = \"\"\nevents = [\"nope\"]\n\
+         [[webhooks]]\nurl = \"http://a/\"\nsecret = \"s\"\n[[webhooks]]\nurl = \"http://a/\"\nsecret = \"s\"\n\
+         [webhook_delivery]\ntimeout_ms = 0\n"
+    );
+    let e = parse(&bad).unwrap_err().0.join("\n");
+    for needle in [
+        "webhooks[0].url",
+        "webhooks[0].secret",
+        "webhooks[0].events",
+        "webhooks[2].url",
+        "webhook_delivery.timeout_ms",
+    ] {
+        assert!(e.contains(needle), "missing {needle} in:\n{e}");
+    }
+}

@@ -372,3 +372,72 @@ fn expiry_notices_seven_days_then_one_day() {
     assert_eq!(expiry_notice(exp, exp), None);
     assert_eq!(expiry_notice(i64::MAX, i64::MIN), None);
 }
+
+mod endpoints {
+    use super::super::endpoint::*;
+
+    #[test]
+    fn urls_are_http_or_https_with_a_host() {
+        let u = EndpointUrl::parse("https://hooks.example.com/quipu?x=1").unwrap();
+        assert!(u.tls);
+        assert_eq!((u.host.as_str(), u.port), ("hooks.example.com", 443));
+        assert_eq!(u.target, "/quipu?x=1");
+        assert_eq!(u.authority(), "hooks.example.com");
+        let u = EndpointUrl::parse("http://127.0.0.1:8099").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.target.as_str()),
+            ("127.0.0.1", 8099, "/")
+        );
+        assert_eq!(u.authority(), "127.0.0.1:8099");
+        let u = EndpointUrl::parse("http://[::1]:9/h").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 9));
+        assert_eq!(u.authority(), "[::1]:9");
+        for bad in [
+            "ftp://x/",
+            "example.com/hook",
+            "http://",
+            "http://:80/",
+            "http://x:0/",
+            "http://x:99999/",
+            "http://user:pw@x/",
+            "http://x/a b",
+            "http://x/#frag",
+        ] {
+            assert!(EndpointUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn filters_name_known_events_or_all() {
+        assert_eq!(EventFilter::parse::<&str>(&[]).unwrap(), EventFilter::All);
+        assert_eq!(EventFilter::parse(&["*"]).unwrap(), EventFilter::All);
+        let f = EventFilter::parse(&["topup.received", "balance.low", "topup.received"]).unwrap();
+        assert_eq!(f.to_text(), "topup.received,balance.low");
+        assert_eq!(EventFilter::from_text(&f.to_text()).unwrap(), f);
+        assert!(f.matches("balance.low") && !f.matches("cap.reached_80"));
+        assert!(EventFilter::All.matches("cap.reached_80"));
+        let e = EventFilter::parse(&["topup"]).unwrap_err();
+        assert!(e.contains("topup.received"), "{e}");
+    }
+
+    #[test]
+    fn a_delivery_is_a_post_with_its_id_type_and_signature() {
+        let u = EndpointUrl::parse("http://127.0.0.1:8099/in").unwrap();
+        let w = request(&u, "evt_1", "topup.received", "t=1,v1=ab", b"{}");
+        let text = String::from_utf8(w).unwrap();
+        assert!(
+            text.starts_with("POST /in HTTP/1.1\r\nhost: 127.0.0.1:8099\r\n"),
+            "{text}"
+        );
+        for line in [
+            "content-length: 2\r\n",
+            "Quipu-Event-Id: evt_1\r\n",
+            "Quipu-Event-Type: topup.received\r\n",
+            "Quipu-Signature: t=1,v1=ab\r\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(text.ends_with("\r\n\r\n{}"));
+        assert!(delivered(200) && delivered(204) && !delivered(301) && !delivered(500));
+    }
+}
