@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import free_port, wait_http  # noqa: E402
 
 SLOTS = 8
+ALLOWANCE = 0  # --allowance
 A_STREAMS = 32
 TEXT = "[[sim: tokens=40 delay_ms=20]]"
 WORK = Path(tempfile.mkdtemp(prefix="quipu-fairness-"))
@@ -94,6 +95,7 @@ url = "sqlite://{WORK}/{name}.db"
 [scheduling]
 load_interval_ms = 200
 gateways = {gateways}
+engine_queue_allowance = {ALLOWANCE}
 [[models]]
 slug = "colibri"
 display_name = "Colibrí"
@@ -258,7 +260,11 @@ def main() -> int:
     ap.add_argument("--weights-seconds", type=float, default=60, help="how long the weights scenario counts")
     ap.add_argument("--batch", action="store_true", help="also the batch-priority scenario")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks-fairness.md"))
+    ap.add_argument("--allowance", type=int, default=0,
+                    help="scheduling.engine_queue_allowance of the gateways (requests let wait in the engine)")
     args = ap.parse_args()
+    global ALLOWANCE
+    ALLOWANCE = args.allowance
     s, sim_port = sim()
     rows, gws = [], []
     try:
@@ -283,7 +289,8 @@ def main() -> int:
             g.proc.stop()
         s.stop()
     direct = rows[0]
-    lines = [f"## {date.today().isoformat()}: {args.seconds:.0f} s per scenario, {os.cpu_count()} cores",
+    lines = [f"## {date.today().isoformat()}: {args.seconds:.0f} s per scenario, {os.cpu_count()} cores, "
+             f"engine_queue_allowance = {args.allowance}",
              "",
              "| scenario | B requests | B ttft p50 | B ttft p99 | engine slots busy | A streams/s | vs direct |",
              "|---|---|---|---|---|---|---|"]

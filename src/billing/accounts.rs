@@ -133,6 +133,8 @@ struct Account {
     returned: tokio::sync::Notify,
     /// A cap pool's terms as the last request that reserved against it knew them.
     terms: Mutex<Option<CapTerms>>,
+    /// Whether this replica has told the tenant that the cap refused a request.
+    refusal_told: std::sync::atomic::AtomicBool,
 }
 
 /// Per-tenant money state of this replica.
@@ -214,6 +216,7 @@ impl Accounts {
                     call_ended: tokio::sync::Notify::new(),
                     returned: tokio::sync::Notify::new(),
                     terms: Mutex::new(None),
+                    refusal_told: std::sync::atomic::AtomicBool::new(false),
                 })
             })
             .clone()
@@ -532,6 +535,29 @@ impl Accounts {
                 ReplicaSignal::LeasesReturned { pool } => self.arrived(&pool),
             }
         }
+    }
+
+    /// A request was refused by the cap pool `pool`: writes `event` (its `cap.reached_100`) to
+    /// the webhook outbox in the background, once per pool and replica. A period's spending
+    /// may stop short of 100 % (admission keeps it within a request's worst case of the cap),
+    /// so the charge that crosses 100 % may never come; the event's id depends only on the cap
+    /// and its period, so the outbox keeps one however many replicas write it.
+    pub fn cap_refused(&self, pool: &CapPool, event: crate::store::webhooks::WebhookEvent) {
+        let acct = self.account(&Pool::Cap(pool.clone()));
+        if acct
+            .refusal_told
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let (store, tenant) = (self.store.clone(), pool.tenant);
+        tokio::spawn(async move {
+            if let Err(e) = store.emit(&[(tenant, event)]).await {
+                log::warn!("the cap alert of tenant {tenant} could not be written: {e}");
+                acct.refusal_told
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
     }
 
     /// Money came home to `tenant`'s balance (another replica returned a lease, or a top-up):

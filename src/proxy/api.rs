@@ -11,11 +11,16 @@ use super::{body, count, relay, responses, Failure, Gateway, Outcome, Reply, Req
 use crate::billing::policy::{self, display::cost_text};
 use crate::error::{ApiError, ClientFormat, ErrorKind};
 use crate::metrics::m;
+use crate::money::Pen;
 use crate::route::ApiRoute;
+use crate::store::webhooks::{cap_events, WebhookEvent};
 use crate::translate::chat::Chat;
 use crate::translate::messages::Messages;
 use crate::translate::{wire, Format, UpstreamRequest};
 use pingora::protocols::http::ServerSession;
+use quipu_core::governance::caps::{ActiveCap, CapRefusal};
+use quipu_core::governance::webhooks::crossing::CapLevel;
+use quipu_core::governance::webhooks::event::{Event, Soles};
 
 /// Answers an API request.
 pub async fn handle(gw: &Gateway, session: &mut ServerSession, ctx: &mut RequestCtx) -> Reply {
@@ -176,28 +181,21 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             Ok(())
         }
         Err(crate::billing::Refusal::CapReached { index, available }) => {
-            let Some((active, _)) = (index < caps.len()).then(|| caps.swap_remove(index)) else {
+            if index >= caps.len() {
                 return Err(Failure::new(
                     Outcome::InternalError,
                     super::internal_error(),
                 ));
-            };
-            let refusal = quipu_core::governance::caps::CapRefusal::reached(
-                active,
+            }
+            let (active, claim) = caps.swap_remove(index);
+            Err(cap_reached(
+                gw,
+                p,
+                (active, claim),
                 available,
                 quote.worst,
-                p.tenant_rules.zone,
                 now,
-            );
-            m().cap_refused
-                .with_label_values(&[&p.tenant_name, active.owner.as_str()])
-                .inc();
-            Err(Failure::refused(ApiError::new(
-                ErrorKind::BudgetExceeded {
-                    retry_after: refusal.retry_after,
-                },
-                refusal.to_string(),
-            )))
+            ))
         }
         Err(crate::billing::Refusal::Insufficient { needed, available }) => {
             m().billing_refused
@@ -220,6 +218,42 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             )))
         }
     }
+}
+
+/// The refusal of a request by a cap with `available` left: 429 until the period ends (402 for
+/// a `total` cap), naming the cap; counted, and told to the tenant's webhooks once per period
+/// (`cap.reached_100`, see `Accounts::cap_refused`).
+fn cap_reached(
+    gw: &Gateway,
+    p: &crate::auth::Principal,
+    (active, claim): (ActiveCap, crate::billing::CapClaim),
+    available: crate::money::Pen,
+    worst: crate::money::Pen,
+    now: i64,
+) -> Failure {
+    let refusal = CapRefusal::reached(active, available, worst, p.tenant_rules.zone, now);
+    m().cap_refused
+        .with_label_values(&[&p.tenant_name, active.owner.as_str()])
+        .inc();
+    // Spending may stop short of 100 % (see `Accounts::cap_refused`): a cap 80 % spent or held
+    // that refuses a request has been reached; a single request too big for a cap that has
+    // room is not.
+    let spent_or_held = active.cap.amount - available;
+    if CapLevel::Percent80.reached(active.cap.amount, spent_or_held) {
+        if let Some(Event::CapReached100(mut reached)) =
+            cap_events(&claim.pool, active.cap.amount, Pen::ZERO, active.cap.amount).pop()
+        {
+            reached.spent = Soles(spent_or_held);
+            let event = WebhookEvent::new(&p.tenant_name, now, Event::CapReached100(reached));
+            gw.accounts.cap_refused(&claim.pool, event);
+        }
+    }
+    Failure::refused(ApiError::new(
+        ErrorKind::BudgetExceeded {
+            retry_after: refusal.retry_after,
+        },
+        refusal.to_string(),
+    ))
 }
 
 /// Counts the request against its key's and tenant's rate limits (in memory; see `ratelimit`

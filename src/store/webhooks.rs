@@ -12,11 +12,10 @@
 //!   ([`balance_fell_below`](quipu_core::governance::webhooks::crossing::balance_fell_below));
 //! - `key.expiring_7d` / `key.expiring_1d`: no change causes them but time, so the sender's
 //!   periodic scan inserts them ([`WebhookStore::emit`]);
-//! - `cap.reached_80` / `cap.reached_100`: wherever a cap pool's `spent` moves, with
-//!   **`sqlite::webhooks::emit_in(&tx, tenant, &event)`** or
-//!   **`postgres::webhooks::emit_in(&tx, tenant, &event).await`**: each inserts one event
-//!   inside the caller's open transaction and answers whether it was new. Build the event with
-//!   [`WebhookEvent::new`] (its id comes from its cause, see below).
+//! - `cap.reached_80` / `cap.reached_100`: the same `record` transaction, where a cap pool's
+//!   `spent` moves (`charge_caps` in `sqlite/caps.rs` and `postgres/caps.rs`, with
+//!   [`cap_events`]), through `emit_in` (each backend's `webhooks.rs`), which inserts one
+//!   event inside the caller's open transaction and answers whether it was new.
 //!
 //! **Once per cause.** `event_id` is unique and every insert is `ON CONFLICT DO NOTHING`: the
 //! id is derived from the tenant and the cause
@@ -36,9 +35,42 @@
 //! **Retention.** Finished deliveries and the events left without any are deleted after
 //! 30 days ([`WebhookStore::prune_webhooks`], run by the sender).
 
-use super::{StoreResult, TenantId, UnixMs};
+use super::{CapPool, StoreResult, TenantId, UnixMs};
+use crate::money::Pen;
 use async_trait::async_trait;
+use quipu_core::billing::pool::CapOwner as PoolOwner;
+use quipu_core::governance::caps::CapOwner;
+use quipu_core::governance::webhooks::crossing::{cap_levels_crossed, CapLevel};
 pub use quipu_core::governance::webhooks::event::WebhookEvent;
+use quipu_core::governance::webhooks::event::{CapReached, Event, Soles};
+
+/// The `cap.reached_80` / `cap.reached_100` events a change of what `pool` has spent, from
+/// `before` to `after`, fires for a cap of `limit` (see
+/// `quipu_core::governance::webhooks::crossing`); both backends' `record` call it as they
+/// charge the pool.
+pub fn cap_events(pool: &CapPool, limit: Pen, before: Pen, after: Pen) -> Vec<Event> {
+    let (owner, key_id) = match &pool.owner {
+        PoolOwner::Key(id) => (CapOwner::Key, Some(id.clone())),
+        PoolOwner::Tenant => (CapOwner::Tenant, None),
+    };
+    cap_levels_crossed(limit, before, after)
+        .into_iter()
+        .map(|level| {
+            let reached = CapReached {
+                owner,
+                key_id: key_id.clone(),
+                period: pool.period.period(),
+                period_key: pool.period.to_string(),
+                cap: Soles(limit),
+                spent: Soles(after),
+            };
+            match level {
+                CapLevel::Percent80 => Event::CapReached80(reached),
+                CapLevel::Percent100 => Event::CapReached100(reached),
+            }
+        })
+        .collect()
+}
 
 /// An endpoint a tenant registered.
 #[derive(Debug, Clone, PartialEq, Eq)]

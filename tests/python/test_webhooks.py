@@ -6,6 +6,7 @@ delivery's signature (`Quipu-Signature: t=…,v1=HMAC-SHA256(secret, "t.body")`)
 - `balance.low` once when a charge takes the balance below the tenant's threshold, not again
   while it stays below;
 - `key.expiring_7d` / `key.expiring_1d` for keys that expire within 7 days / a day;
+- `cap.reached_80` and `cap.reached_100` once each for a key's daily cap;
 - a delivery the receiver answered 500 twice is delivered on the third attempt, same event id;
 - an event whose receiver failed while Quipu stopped is delivered after Quipu starts again;
 - a tenant's own endpoint (registered with a manage key) gets its tenant's events, signed with
@@ -231,6 +232,43 @@ def test_keys_about_to_expire_are_announced(hooked, receiver):
     assert sorted(e["data"]["key_id"] for e in receiver.accepted(name, "key.expiring_7d")) == \
         sorted([week["key_id"], third["key_id"]])
     assert len(receiver.accepted(name, "key.expiring_1d")) == 1
+
+
+def test_a_cap_alerts_at_80_and_100_percent_once_per_period(workdir, sim, receiver):
+    """A key's daily cap of S/ 0.01 spent by requests of S/ 0.0012 (input free, 12 output
+    tokens at S/ 100 per million): the charge that takes it to 80 % fires `cap.reached_80`;
+    spending stops at 96 % (the next request's worst case does not fit), so `cap.reached_100`
+    comes from the first refusal; more refusals add nothing."""
+    g = Gateway(workdir, {"apu": [sim.api_base]}, extra=hooks_config(receiver), name="quipu-hooks-caps")
+    default = 'prices = { input = "3.00", cached = "0.75", output = "12.00" }'
+    assert default in g.config_text
+    g.config_text = g.config_text.replace(default, 'prices = { input = "0.00", cached = "0.00", output = "100.00" }')
+    g.config_path.write_text(g.config_text)
+    g.start()
+    try:
+        name = f"capped{next(_n)}"
+        key, secret = g.new_tenant(name, top_up="10.00", budget="0.01", **{"budget-period": "day"})
+
+        def one() -> int:
+            return g.request(
+                "POST", "/v1/chat/completions",
+                {"model": "apu", "max_tokens": 12, "messages": [{"role": "user", "content": "[[sim: tokens=100000]]"}]},
+                {"Authorization": f"Bearer {secret}"})[0]
+
+        statuses = [one() for _ in range(10)]
+        assert statuses == [200] * 8 + [429, 429], statuses
+        (e80,) = receiver.wait_for(name, "cap.reached_80")
+        (e100,) = receiver.wait_for(name, "cap.reached_100")
+        assert e80["data"]["owner"] == "key" and e80["data"]["key_id"] == key["key_id"], e80
+        assert e80["data"]["cap"] == "0.01" and Decimal(e80["data"]["spent"]) >= Decimal("0.008"), e80
+        assert e100["data"]["period_key"].startswith("day:"), e100
+        assert one() == 429
+        g.ledger_barrier()
+        barrier(g, receiver)
+        assert len(receiver.accepted(name, "cap.reached_80")) == 1
+        assert len(receiver.accepted(name, "cap.reached_100")) == 1
+    finally:
+        g.stop()
 
 
 def test_a_delivery_answered_500_twice_is_retried_with_the_same_id(hooked, receiver):

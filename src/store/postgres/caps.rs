@@ -3,12 +3,14 @@
 //! (`FOR UPDATE`, after making sure it exists), so grants on one pool serialise and `Σ leases ≤
 //! limit − spent` holds; `record` charges the pools of its new rows in its own transaction,
 //! locking their rows in pool order after the tenants' ([`charge_caps`]). Shrinking a lease
-//! needs no pool lock, as for balances.
+//! needs no pool lock, as for balances. A charge that takes a pool past 80 % or 100 % of its
+//! cap writes the webhook event in the same transaction (`store::webhooks`).
 
 use super::leases::reading;
 use super::{PgResult, PgStore};
 use crate::money::Pen;
 use crate::store::sql_money::{pen_from_text, pen_to_text};
+use crate::store::webhooks::{cap_events, WebhookEvent};
 use crate::store::{CapPool, CapTerms, LeaseAsk, LeaseGrant, LeaseReading, StoreResult};
 use quipu_core::billing::lease::lease_grant;
 use std::collections::BTreeMap;
@@ -154,13 +156,16 @@ pub(super) async fn charge_caps(
         &[(&ids, Type::TEXT_ARRAY)],
     )
     .await?;
-    tx.execute_typed(
-        "UPDATE cap_pools AS p SET spent = p.spent + u.c::numeric
-           FROM UNNEST($1::text[], $2::text[]) AS u(id, c)
-          WHERE p.pool = u.id",
-        &[(&ids, Type::TEXT_ARRAY), (&amounts, Type::TEXT_ARRAY)],
-    )
-    .await?;
+    let moved = tx
+        .query_typed(
+            "UPDATE cap_pools AS p SET spent = p.spent + u.c::numeric
+               FROM UNNEST($1::text[], $2::text[]) AS u(id, c)
+              WHERE p.pool = u.id
+              RETURNING p.pool, p.tenant_id, p.cap_limit::text, p.spent::text, u.c",
+            &[(&ids, Type::TEXT_ARRAY), (&amounts, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    cap_alerts(tx, &moved).await?;
     let rows = tx
         .query_typed(
             "UPDATE cap_leases AS l SET amount = GREATEST(l.amount - u.c::numeric, 0),
@@ -185,6 +190,37 @@ pub(super) async fn charge_caps(
         }
     }
     Ok(out)
+}
+
+/// `cap.reached_80` / `cap.reached_100` for the pools whose spent `record` just moved: `moved`
+/// are the rows of its update (`pool, tenant_id, cap_limit, spent after, charge`).
+async fn cap_alerts(tx: &Transaction<'_>, moved: &[tokio_postgres::Row]) -> PgResult<()> {
+    for r in moved {
+        let id: String = r.try_get(0)?;
+        let tenant: i64 = r.try_get(1)?;
+        let Some(pool) = CapPool::parse(&id, tenant) else {
+            continue;
+        };
+        let limit = pen_from_text(&r.try_get::<_, String>(2)?, "cap_pools.cap_limit")?;
+        let after = pen_from_text(&r.try_get::<_, String>(3)?, "cap_pools.spent")?;
+        let charge = pen_from_text(&r.try_get::<_, String>(4)?, "a cap charge")?;
+        let events = cap_events(&pool, limit, after - charge, after);
+        if events.is_empty() {
+            continue;
+        }
+        let name: String = tx
+            .query_typed_one(
+                "SELECT name FROM tenants WHERE id = $1",
+                &[(&tenant, Type::INT8)],
+            )
+            .await?
+            .try_get(0)?;
+        for event in events {
+            let event = WebhookEvent::new(&name, crate::store::now_ms(), event);
+            super::webhooks::emit_in(tx, tenant, &event).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Zeroes the cap leases whose heartbeat is older than `max_age_ms`; how many.

@@ -31,7 +31,7 @@ pub fn name_and_threshold(c: &mut Cols<'_>) -> StoreResult<(String, Option<Pen>)
 }
 
 /// A tenant's name.
-pub static TENANT_NAME: Sql = Sql::text("SELECT name FROM tenants WHERE id = $1");
+pub use super::tenants::TENANT_NAME;
 
 pub static INSERT_ENDPOINT: Sql = Sql::text(
     "INSERT INTO webhook_endpoints (id, tenant_id, url, secret, events, created_at)

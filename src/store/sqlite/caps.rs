@@ -5,11 +5,13 @@
 //! the balance (see [`charge_caps`]).
 //!
 //! Amounts are TEXT decimal integers of pico-soles, changed in Rust inside the transaction, as
-//! the balance's are (see `sql_money`).
+//! the balance's are (see `sql_money`). A charge that takes a pool past 80 % or 100 % of its
+//! cap writes the webhook event in the same transaction (`store::webhooks`).
 
 use super::{sql_err, write_tx, SqliteStore};
 use crate::money::Pen;
 use crate::store::sql_money::{pen_from_text, pen_to_text};
+use crate::store::webhooks::{cap_events, WebhookEvent};
 use crate::store::{now_ms, CapPool, CapTerms, LeaseAsk, LeaseGrant, LeaseReading, StoreResult};
 use quipu_core::billing::lease::lease_grant;
 use rusqlite::{params, Connection, OptionalExtension, Transaction};
@@ -210,19 +212,27 @@ pub(super) fn charge_caps(
         if *charge == Pen::ZERO {
             continue;
         }
-        let spent: Option<String> = tx
-            .prepare_cached("SELECT spent FROM cap_pools WHERE pool = ?1")
-            .and_then(|mut s| s.query_row(params![id], |r| r.get(0)).optional())
+        let row: Option<(String, String)> = tx
+            .prepare_cached("SELECT cap_limit, spent FROM cap_pools WHERE pool = ?1")
+            .and_then(|mut s| {
+                s.query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
             .map_err(sql_err)?;
-        let Some(spent) = spent else {
+        let Some((limit, before)) = row else {
             // Only rows reserved against a pool name it, and reserving creates the pool.
             log::warn!("a ledger row names cap pool {id}, which the store does not have");
             continue;
         };
-        let spent = pen_from_text(&spent, "cap_pools.spent")? + *charge;
+        let limit = pen_from_text(&limit, "cap_pools.cap_limit")?;
+        let before = pen_from_text(&before, "cap_pools.spent")?;
+        let spent = before + *charge;
         tx.prepare_cached("UPDATE cap_pools SET spent = ?2 WHERE pool = ?1")
             .and_then(|mut s| s.execute(params![id, pen_to_text(spent)]))
             .map_err(sql_err)?;
+        if let Some(pool) = CapPool::parse(id, *tenant) {
+            cap_alerts(tx, &pool, limit, (before, spent))?;
+        }
         if let Some(own) = own(tx, id, replica)? {
             let amount = (own.amount - *charge).max(Pen::ZERO);
             let reading = write_own(tx, id, replica, amount, own.spent + *charge, None)?;
@@ -232,6 +242,28 @@ pub(super) fn charge_caps(
         }
     }
     Ok(leases)
+}
+
+/// `cap.reached_80` / `cap.reached_100` for a pool whose spent `record` just moved.
+fn cap_alerts(
+    tx: &Transaction<'_>,
+    pool: &CapPool,
+    limit: Pen,
+    (before, after): (Pen, Pen),
+) -> StoreResult<()> {
+    let events = cap_events(pool, limit, before, after);
+    if events.is_empty() {
+        return Ok(());
+    }
+    let name: String = tx
+        .prepare_cached("SELECT name FROM tenants WHERE id = ?1")
+        .and_then(|mut s| s.query_row(params![pool.tenant], |r| r.get(0)))
+        .map_err(sql_err)?;
+    for event in events {
+        let event = WebhookEvent::new(&name, now_ms(), event);
+        super::webhooks::emit_in(tx, pool.tenant, &event)?;
+    }
+    Ok(())
 }
 
 /// Zeroes the cap leases whose heartbeat is older than `cutoff`; how many.
