@@ -69,6 +69,8 @@ pub struct Caller {
     pub principal: Principal,
     pub windows: Windows,
     pub meters: TenantMeters,
+    /// Its caps for the current periods, computed once a period (see `billing::caps`).
+    pub caps: crate::billing::caps::CapCache,
     secret_hash: [u8; 32],
 }
 
@@ -183,6 +185,7 @@ impl KeySnapshot {
                             tenant_rules: k.tenant_rules,
                         },
                         windows: Windows { key, tenant },
+                        caps: Default::default(),
                         meters: TenantMeters::new(self.models),
                         secret_hash: k.secret_hash,
                     }),

@@ -7,10 +7,11 @@
 
 use super::accounts::CapClaim;
 use crate::store::{CapPool, CapTerms, KeyRules, TenantId, TenantRules};
+use arc_swap::ArcSwapOption;
 use quipu_core::billing::pool::CapOwner as PoolOwner;
 use quipu_core::governance::caps::{ActiveCap, CapOwner};
 use quipu_core::governance::periods::PeriodError;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 /// Seconds added to the clock cap periods are judged by, from `QUIPU_CLOCK_OFFSET_S` (read
 /// once at start). A testing aid: a test that spent a daily cap starts the gateway a day
@@ -71,4 +72,60 @@ pub fn claims(
 
 fn monthly() -> quipu_core::governance::periods::CapPeriod {
     quipu_core::governance::periods::CapPeriod::Month
+}
+
+/// A key's caps for the periods current now, ready for admission: each active cap with its
+/// pool, and the pools' ids as the ledger row names them.
+#[derive(Debug)]
+pub struct PreparedCaps {
+    pub caps: Vec<(ActiveCap, CapClaim)>,
+    pub ids: Vec<String>,
+    /// The span they hold for: from the latest period start to the earliest period end.
+    from_ms: i64,
+    until_ms: i64,
+}
+
+/// One key's [`PreparedCaps`], computed on its first request of a period and shared by its
+/// requests until a period ends: a period's bounds in a time zone and the pools' ids cost a few
+/// thousand instructions, a load of this a few. Lock-free (an `ArcSwap`); the key snapshot
+/// builds a new one with every key (a changed cap or zone starts afresh).
+#[derive(Debug, Default)]
+pub struct CapCache(ArcSwapOption<PreparedCaps>);
+
+impl CapCache {
+    /// The caps in force on a request of `holder` at `now_ms` (`None`: none apply).
+    pub fn get(
+        &self,
+        holder: CapHolder<'_>,
+        now_ms: i64,
+    ) -> Result<Option<Arc<PreparedCaps>>, PeriodError> {
+        if holder.rules.cap.is_none() && holder.tenant_rules.monthly_cap.is_none() {
+            return Ok(None);
+        }
+        if let Some(p) = self.0.load_full() {
+            if (p.from_ms..p.until_ms).contains(&now_ms) {
+                return Ok(Some(p));
+            }
+        }
+        let caps = claims(holder, now_ms)?;
+        let ids = caps.iter().map(|(_, c)| c.pool.to_string()).collect();
+        let from_ms = caps
+            .iter()
+            .map(|(a, _)| a.span.start_ms.unwrap_or(i64::MIN))
+            .max()
+            .unwrap_or(i64::MIN);
+        let until_ms = caps
+            .iter()
+            .filter_map(|(a, _)| a.span.end_ms)
+            .min()
+            .unwrap_or(i64::MAX);
+        let prepared = Arc::new(PreparedCaps {
+            caps,
+            ids,
+            from_ms,
+            until_ms,
+        });
+        self.0.store(Some(prepared.clone()));
+        Ok(Some(prepared))
+    }
 }

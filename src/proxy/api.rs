@@ -153,21 +153,24 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
         rules: &p.rules,
         tenant_rules: &p.tenant_rules,
     };
-    let mut caps = crate::billing::caps::claims(holder, now).map_err(|e| {
+    let prepared = caller.caps.get(holder, now).map_err(|e| {
         log::error!(
             "the cap periods of tenant {} cannot be counted: {e}",
             p.tenant_name
         );
         Failure::new(Outcome::InternalError, super::internal_error())
     })?;
-    let claims = caps.iter().map(|(_, c)| c.clone()).collect();
+    let claims = prepared.as_ref().map_or_else(Vec::new, |c| {
+        c.caps.iter().map(|(_, claim)| claim.clone()).collect()
+    });
     match gw
         .accounts
         .reserve_with_caps(p.tenant_id, quote.worst, claims)
         .await
     {
         Ok(reservation) => {
-            let caps = reservation.caps.iter().map(|c| c.to_string()).collect();
+            // All or nothing: a reservation holds every cap in force.
+            let caps = prepared.as_ref().map_or_else(Vec::new, |c| c.ids.clone());
             ctx.admitted = Some(Admitted {
                 reservation,
                 input_estimate: quote.input_estimate,
@@ -181,21 +184,14 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             Ok(())
         }
         Err(crate::billing::Refusal::CapReached { index, available }) => {
-            if index >= caps.len() {
+            let Some((active, claim)) = prepared.as_ref().and_then(|c| c.caps.get(index)) else {
                 return Err(Failure::new(
                     Outcome::InternalError,
                     super::internal_error(),
                 ));
-            }
-            let (active, claim) = caps.swap_remove(index);
-            Err(cap_reached(
-                gw,
-                p,
-                (active, claim),
-                available,
-                quote.worst,
-                now,
-            ))
+            };
+            let worst = quote.worst;
+            Err(cap_reached(gw, p, (*active, claim), available, worst, now))
         }
         Err(crate::billing::Refusal::Insufficient { needed, available }) => {
             m().billing_refused
@@ -226,7 +222,7 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
 fn cap_reached(
     gw: &Gateway,
     p: &crate::auth::Principal,
-    (active, claim): (ActiveCap, crate::billing::CapClaim),
+    (active, claim): (ActiveCap, &crate::billing::CapClaim),
     available: crate::money::Pen,
     worst: crate::money::Pen,
     now: i64,
