@@ -84,20 +84,26 @@ pub struct CapClaim {
 pub struct Reservation {
     pub tenant: TenantId,
     pub amount: Pen,
-    /// The cap pools it holds `amount` on too (empty: none applied).
-    pub caps: Vec<CapPool>,
-    /// Whether the balance is held yet (false only while caps are being reserved).
-    balance: bool,
+    /// The books it holds `amount` on: its caps' (in the order given), then the balance's,
+    /// kept so that settling looks nothing up.
+    held: Vec<Arc<Account>>,
+    /// How many of `held` are caps.
+    caps: usize,
     accounts: Option<Arc<Accounts>>,
 }
 
 impl Reservation {
-    /// Every pool the reservation holds money on: its caps, then the balance.
-    fn pools(&self) -> impl Iterator<Item = Pool> + '_ {
+    /// How many caps it holds money on besides the balance.
+    pub fn caps_held(&self) -> usize {
         self.caps
-            .iter()
-            .map(|c| Pool::Cap(c.clone()))
-            .chain(self.balance.then_some(Pool::Balance(self.tenant)))
+    }
+
+    fn release(&mut self, charge: Pen) -> Pen {
+        let mut billed = charge;
+        for acct in self.held.drain(..) {
+            billed = acct.book.lock().settle(self.amount, charge);
+        }
+        billed
     }
 }
 
@@ -113,13 +119,12 @@ impl std::fmt::Debug for Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(a) = self.accounts.take() {
+            drop(a);
             log::warn!(
                 "reservation of tenant {} dropped without settlement; released",
                 self.tenant
             );
-            for pool in self.pools() {
-                a.account(&pool).book.lock().settle(self.amount, Pen::ZERO);
-            }
+            self.release(Pen::ZERO);
         }
     }
 }
@@ -234,7 +239,7 @@ impl Accounts {
         tenant: TenantId,
         amount: Pen,
     ) -> Result<Reservation, Refusal> {
-        self.reserve_with_caps(tenant, amount, Vec::new()).await
+        self.reserve_with_caps(tenant, amount, &[]).await
     }
 
     /// Reserves `amount` for a request of `tenant` against every cap in `caps`, in order, and
@@ -243,21 +248,23 @@ impl Accounts {
         self: &Arc<Self>,
         tenant: TenantId,
         amount: Pen,
-        caps: Vec<CapClaim>,
+        caps: &[CapClaim],
     ) -> Result<Reservation, Refusal> {
         let mut reservation = Reservation {
             tenant,
             amount,
-            caps: Vec::with_capacity(caps.len()),
-            balance: false,
+            held: Vec::with_capacity(caps.len() + 1),
+            caps: 0,
             accounts: None,
         };
-        for (index, claim) in caps.into_iter().enumerate() {
+        for (index, claim) in caps.iter().enumerate() {
             let pool = Pool::Cap(claim.pool.clone());
-            *self.account(&pool).terms.lock() = Some(claim.terms);
-            match self.reserve_in(&pool, amount).await {
+            let acct = self.account(&pool);
+            *acct.terms.lock() = Some(claim.terms);
+            match self.reserve_in(&pool, &acct, amount).await {
                 Ok(()) => {
-                    reservation.caps.push(claim.pool);
+                    reservation.held.push(acct);
+                    reservation.caps += 1;
                     reservation.accounts = Some(self.clone());
                 }
                 // Dropping `reservation` gives back the caps held so far.
@@ -267,17 +274,23 @@ impl Accounts {
                 Err(other) => return Err(other),
             }
         }
-        self.reserve_in(&Pool::Balance(tenant), amount).await?;
-        reservation.balance = true;
+        let pool = Pool::Balance(tenant);
+        let acct = self.account(&pool);
+        self.reserve_in(&pool, &acct, amount).await?;
+        reservation.held.push(acct);
         reservation.accounts = Some(self.clone());
         Ok(reservation)
     }
 
     /// Reserves `amount` on one pool's book (see the module docs).
-    async fn reserve_in(self: &Arc<Self>, pool: &Pool, amount: Pen) -> Result<(), Refusal> {
-        let acct = self.account(pool);
+    async fn reserve_in(
+        self: &Arc<Self>,
+        pool: &Pool,
+        acct: &Arc<Account>,
+        amount: Pen,
+    ) -> Result<(), Refusal> {
         let mut admission = Admission {
-            acct: &acct,
+            acct,
             req: Pending::new(amount),
         };
         let deadline = tokio::time::Instant::now() + LEASE_CALL_TIMEOUT;
@@ -312,7 +325,7 @@ impl Accounts {
                     let until = *recall_until.get_or_insert_with(|| {
                         (tokio::time::Instant::now() + RECALL_WAIT).min(deadline)
                     });
-                    if self.recall(&acct, pool, until).await {
+                    if self.recall(acct, pool, until).await {
                         admission.req.money_returned();
                     } else {
                         admission.req.recall_over();
@@ -389,15 +402,7 @@ impl Accounts {
     /// the ledger writes it). Returns what is billed: `charge.min(reservation.amount)`.
     pub fn settle(&self, mut reservation: Reservation, charge: Pen) -> Pen {
         reservation.accounts = None;
-        let mut billed = charge;
-        for pool in reservation.pools() {
-            billed = self
-                .account(&pool)
-                .book
-                .lock()
-                .settle(reservation.amount, charge);
-        }
-        billed
+        reservation.release(charge)
     }
 
     /// The ledger writer's `record`, sent at `sent` (see [`Accounts::tick`]), changed these

@@ -78,7 +78,9 @@ fn monthly() -> quipu_core::governance::periods::CapPeriod {
 /// pool, and the pools' ids as the ledger row names them.
 #[derive(Debug)]
 pub struct PreparedCaps {
-    pub caps: Vec<(ActiveCap, CapClaim)>,
+    pub actives: Vec<ActiveCap>,
+    /// The pools, in the order of `actives`, as `Accounts::reserve_with_caps` takes them.
+    pub claims: Vec<CapClaim>,
     pub ids: Vec<String>,
     /// The span they hold for: from the latest period start to the earliest period end.
     from_ms: i64,
@@ -119,8 +121,10 @@ impl CapCache {
             .filter_map(|(a, _)| a.span.end_ms)
             .min()
             .unwrap_or(i64::MAX);
+        let (actives, claims) = caps.into_iter().unzip();
         let prepared = Arc::new(PreparedCaps {
-            caps,
+            actives,
+            claims,
             ids,
             from_ms,
             until_ms,

@@ -160,9 +160,7 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
         );
         Failure::new(Outcome::InternalError, super::internal_error())
     })?;
-    let claims = prepared.as_ref().map_or_else(Vec::new, |c| {
-        c.caps.iter().map(|(_, claim)| claim.clone()).collect()
-    });
+    let claims = prepared.as_ref().map_or(&[][..], |c| &c.claims[..]);
     match gw
         .accounts
         .reserve_with_caps(p.tenant_id, quote.worst, claims)
@@ -184,7 +182,10 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             Ok(())
         }
         Err(crate::billing::Refusal::CapReached { index, available }) => {
-            let Some((active, claim)) = prepared.as_ref().and_then(|c| c.caps.get(index)) else {
+            let found = prepared
+                .as_ref()
+                .and_then(|c| Some((c.actives.get(index)?, c.claims.get(index)?)));
+            let Some((active, claim)) = found else {
                 return Err(Failure::new(
                     Outcome::InternalError,
                     super::internal_error(),

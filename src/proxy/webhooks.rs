@@ -92,7 +92,7 @@ pub async fn handle(
     }
     if !p.rules.manage {
         return Failure::refused_unread(ApiError::new(
-            ErrorKind::PermissionDenied,
+            ErrorKind::Forbidden,
             "managing webhooks needs a key with the manage scope; ask the operator for one",
         ))
         .into();

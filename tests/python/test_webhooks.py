@@ -303,6 +303,7 @@ def test_a_tenant_registers_its_own_endpoint_with_a_manage_key(hooked, receiver)
         status, body, _ = hooked.request("POST", "/v1/webhooks", {"url": own.url},
                                          {"Authorization": f"Bearer {plain}"})
         assert status == 403 and body["error"]["type"] == "permission_error", body
+        assert body["error"]["code"] == "insufficient_permissions", body
         status, body, _ = hooked.request("POST", "/v1/webhooks", {"url": "ftp://x/"}, manage)
         assert status == 400 and body["error"]["param"] == "url", body
         status, body, _ = hooked.request("POST", "/v1/webhooks",

@@ -116,9 +116,12 @@ pub(super) async fn three_replicas_never_spend_past_a_cap(fx: &Fixture) {
         let (a, s) = (replicas[i % 3].clone(), stores[i % 3].clone());
         let cap = claim(&pool, "0.05");
         tasks.push(tokio::spawn(async move {
-            match a.reserve_with_caps(t, worst, vec![cap.clone()]).await {
+            match a
+                .reserve_with_caps(t, worst, std::slice::from_ref(&cap))
+                .await
+            {
                 Ok(r) => {
-                    assert_eq!(r.caps, vec![cap.pool.clone()]);
+                    assert_eq!(r.caps_held(), 1);
                     let charged = a.settle(r, worst);
                     flush_capped(&*s, &a, &format!("req-{i}"), t, &[cap.pool], charged).await;
                     true
@@ -152,10 +155,7 @@ pub(super) async fn three_replicas_never_spend_past_a_cap(fx: &Fixture) {
         i += 1;
         let (pool, id) = (pool.clone(), format!("req-{i}"));
         async move {
-            let Ok(r) = a
-                .reserve_with_caps(t, worst, vec![claim(&pool, "0.05")])
-                .await
-            else {
+            let Ok(r) = a.reserve_with_caps(t, worst, &[claim(&pool, "0.05")]).await else {
                 return false;
             };
             let charged = a.settle(r, worst);
@@ -205,7 +205,7 @@ pub(super) async fn a_cap_refusal_holds_nothing(fx: &Fixture) {
     let tenant = CapPool::parse(&format!("tenant:{t}:month:2026-11"), t).unwrap();
     // The key's cap has room, the tenant's does not: the key's hold is given back.
     let claims = vec![claim(&key, "1.00"), claim(&tenant, "0.10")];
-    match a.reserve_with_caps(t, soles("0.20"), claims).await {
+    match a.reserve_with_caps(t, soles("0.20"), &claims).await {
         Err(Refusal::CapReached {
             index: 1,
             available,
@@ -222,7 +222,10 @@ pub(super) async fn a_cap_refusal_holds_nothing(fx: &Fixture) {
     }
     // Within both, it is admitted against all three, and its charge settles on all three.
     let claims = vec![claim(&key, "1.00"), claim(&tenant, "0.10")];
-    let r = a.reserve_with_caps(t, soles("0.05"), claims).await.unwrap();
+    let r = a
+        .reserve_with_caps(t, soles("0.05"), &claims)
+        .await
+        .unwrap();
     assert_eq!(a.settle(r, soles("0.04")), soles("0.04"));
     flush_capped(
         &*s,
