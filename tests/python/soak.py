@@ -276,8 +276,12 @@ def run(seconds: float, workdir: Path, threads: int = 8, warmup: float = 90.0) -
     for t in pool:
         t.join(60)
     log("checking the books")
-    collect(sims, archive, seen)
     wait_until(lambda: gw.metric_value("quipu_reservations_open") == 0, 10, "reservations to close")
+    # A stream whose client hung up is settled at once, but its upstream may still be writing
+    # until the gateway's cancel reaches it; the simulator keeps its record only then. Wait for
+    # every simulator to be idle, so the last records are in before they are read.
+    wait_until(lambda: all(s.stats()["in_flight"] == 0 for s in sims), 30, "the simulators to be idle")
+    collect(sims, archive, seen)
     time.sleep(0.5)
     con = sqlite3.connect(gw.store_url.removeprefix("sqlite://"))
     con.row_factory = sqlite3.Row

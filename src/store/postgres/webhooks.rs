@@ -13,7 +13,7 @@ use crate::store::webhooks::{
     attempt_columns, Attempt, Backlog, DeliveryInfo, DueDelivery, ExpiringKey, OutboxEvent,
     WebhookEndpoint, WebhookEvent, WebhookStore,
 };
-use crate::store::{now_ms, StoreError, StoreResult, TenantId, TopUp, UnixMs};
+use crate::store::{now_ms, StoreResult, TenantId, TopUp, UnixMs};
 use async_trait::async_trait;
 use quipu_core::governance::webhooks::crossing::balance_fell_below;
 use quipu_core::governance::webhooks::event::{BalanceLow, Event, Soles, TopupReceived};
@@ -28,18 +28,8 @@ pub(crate) async fn emit_in(
     tenant: TenantId,
     event: &WebhookEvent,
 ) -> PgResult<bool> {
-    let body = event
-        .to_json()
-        .map_err(|e| StoreError::Invalid(format!("webhook event {}: {e}", event.id)))?;
-    let body = String::from_utf8(body)
-        .map_err(|e| StoreError::Invalid(format!("webhook event {}: {e}", event.id)))?;
-    let values = [
-        Text(&event.id),
-        Int(tenant),
-        Text(event.event.kind()),
-        Text(&body),
-        Int(event.created.saturating_mul(1000)),
-    ];
+    let body = q::event_body(event)?;
+    let values = q::event_values(event, tenant, &body);
     Ok(execute(tx, &q::INSERT_EVENT, &values).await? == 1)
 }
 

@@ -3,19 +3,45 @@
 //! own clock).
 
 use super::Cols;
-use super::Sql;
+use super::{Sql, SqlValue};
 use crate::store::sql_money::pen_from_text;
+use crate::store::webhooks::WebhookEvent;
 use crate::store::webhooks::{
     count_u32, status_u16, DeliveryInfo, DueDelivery, ExpiringKey, OutboxEvent, WebhookEndpoint,
 };
 use crate::store::StoreResult;
+use crate::store::{StoreError, TenantId};
 use quipu_core::money::Pen;
 
-/// ($1 event id, $2 tenant, $3 type, $4 body, $5 created at): once per id.
+/// ($1 event id, $2 tenant, $3 type, $4 body, $5 created at): once per id; the values are
+/// [`event_values`].
 pub static INSERT_EVENT: Sql = Sql::text(
     "INSERT INTO webhook_outbox (event_id, tenant_id, kind, body, created_at)
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
 );
+
+/// An outbox row's body: the event as the endpoints receive it.
+pub fn event_body(event: &WebhookEvent) -> StoreResult<String> {
+    let invalid =
+        |e: &dyn std::fmt::Display| StoreError::Invalid(format!("webhook event {}: {e}", event.id));
+    let body = event.to_json().map_err(|e| invalid(&e))?;
+    String::from_utf8(body).map_err(|e| invalid(&e))
+}
+
+/// [`INSERT_EVENT`]'s values for `event` of `tenant`, `body` its [`event_body`].
+pub fn event_values<'a>(
+    event: &'a WebhookEvent,
+    tenant: TenantId,
+    body: &'a str,
+) -> [SqlValue<'a>; 5] {
+    [
+        SqlValue::Text(&event.id),
+        SqlValue::Int(tenant),
+        SqlValue::Text(event.event.kind()),
+        SqlValue::Text(body),
+        SqlValue::Int(event.created.saturating_mul(1000)),
+    ]
+}
 
 /// A tenant's name and `low_balance` threshold ([`name_and_threshold`]).
 pub static TENANT_ALERT_RULES: Sql =

@@ -20,18 +20,8 @@ use rusqlite::{Connection, OptionalExtension};
 /// Inserts `event` of `tenant` into the outbox inside the caller's open transaction `tx`;
 /// whether it was new (an event with its id may be there already: once per cause).
 pub fn emit_in(tx: &Connection, tenant: TenantId, event: &WebhookEvent) -> StoreResult<bool> {
-    let body = event
-        .to_json()
-        .map_err(|e| StoreError::Invalid(format!("webhook event {}: {e}", event.id)))?;
-    let body = String::from_utf8(body)
-        .map_err(|e| StoreError::Invalid(format!("webhook event {}: {e}", event.id)))?;
-    let values = [
-        Text(&event.id),
-        Int(tenant),
-        Text(event.event.kind()),
-        Text(&body),
-        Int(event.created.saturating_mul(1000)),
-    ];
+    let body = q::event_body(event)?;
+    let values = q::event_values(event, tenant, &body);
     Ok(execute(tx, &q::INSERT_EVENT, &values)? == 1)
 }
 
