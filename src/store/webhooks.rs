@@ -44,6 +44,25 @@ use quipu_core::governance::webhooks::crossing::{cap_levels_crossed, CapLevel};
 pub use quipu_core::governance::webhooks::event::WebhookEvent;
 use quipu_core::governance::webhooks::event::{CapReached, Event, Soles};
 
+/// The `topup.received` event of a top-up that took the balance to `balance`.
+pub fn top_up_received(top_up: &super::TopUp, balance: Pen) -> Event {
+    Event::TopupReceived(quipu_core::governance::webhooks::event::TopupReceived {
+        topup_id: top_up.id.clone(),
+        amount: Soles(top_up.amount),
+        balance: Soles(balance),
+    })
+}
+
+/// The `balance.low` event of a change (`change_id`, a request of the batch) that took the
+/// balance below `threshold`, to `balance`.
+pub fn balance_low(threshold: Pen, balance: Pen, change_id: &str) -> Event {
+    Event::BalanceLow(quipu_core::governance::webhooks::event::BalanceLow {
+        threshold: Soles(threshold),
+        balance: Soles(balance),
+        change_id: change_id.to_owned(),
+    })
+}
+
 /// The `cap.reached_80` / `cap.reached_100` events a change of what `pool` has spent, from
 /// `before` to `after`, fires for a cap of `limit` (see
 /// `quipu_core::governance::webhooks::crossing`); both backends' `record` call it as they

@@ -16,7 +16,6 @@ use crate::store::webhooks::{
 use crate::store::{now_ms, StoreResult, TenantId, TopUp, UnixMs};
 use async_trait::async_trait;
 use quipu_core::governance::webhooks::crossing::balance_fell_below;
-use quipu_core::governance::webhooks::event::{BalanceLow, Event, Soles, TopupReceived};
 use std::collections::BTreeMap;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, GenericClient, Row};
@@ -54,11 +53,11 @@ pub(super) async fn balance_alerts(
         if !balance_fell_below(before, balance, threshold) {
             continue;
         }
-        let event = Event::BalanceLow(BalanceLow {
-            threshold: Soles(threshold),
-            balance: Soles(balance),
-            change_id: first_new.get(&tenant).cloned().unwrap_or_default(),
-        });
+        let event = crate::store::webhooks::balance_low(
+            threshold,
+            balance,
+            first_new.get(&tenant).map_or("", String::as_str),
+        );
         let name: String = row.try_get(3)?;
         emit_in(tx, tenant, &WebhookEvent::new(&name, now_ms(), event)).await?;
     }
@@ -74,11 +73,7 @@ pub(super) async fn top_up_event(
     let name = query_opt(tx, &q::TENANT_NAME, &[Int(top_up.tenant_id)], |c| c.text())
         .await?
         .ok_or_else(|| tenant_missing(top_up.tenant_id))?;
-    let event = Event::TopupReceived(TopupReceived {
-        topup_id: top_up.id.clone(),
-        amount: Soles(top_up.amount),
-        balance: Soles(balance),
-    });
+    let event = crate::store::webhooks::top_up_received(top_up, balance);
     emit_in(
         tx,
         top_up.tenant_id,

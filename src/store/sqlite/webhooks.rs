@@ -14,7 +14,6 @@ use crate::store::webhooks::{
 use crate::store::{now_ms, StoreError, StoreResult, TenantId, TopUp, UnixMs};
 use async_trait::async_trait;
 use quipu_core::governance::webhooks::crossing::balance_fell_below;
-use quipu_core::governance::webhooks::event::{BalanceLow, Event, Soles, TopupReceived};
 use rusqlite::{Connection, OptionalExtension};
 
 /// Inserts `event` of `tenant` into the outbox inside the caller's open transaction `tx`;
@@ -45,11 +44,7 @@ pub(super) fn balance_alerts(
     if !balance_fell_below(before, after, threshold) {
         return Ok(());
     }
-    let event = Event::BalanceLow(BalanceLow {
-        threshold: Soles(threshold),
-        balance: Soles(after),
-        change_id: change_id.to_owned(),
-    });
+    let event = crate::store::webhooks::balance_low(threshold, after, change_id);
     emit_in(tx, tenant, &WebhookEvent::new(&name, now_ms(), event)).map(drop)
 }
 
@@ -57,11 +52,7 @@ pub(super) fn balance_alerts(
 pub(super) fn top_up_event(tx: &Connection, top_up: &TopUp, balance: Pen) -> StoreResult<()> {
     let name = query_opt(tx, &q::TENANT_NAME, &[Int(top_up.tenant_id)], |c| c.text())?
         .ok_or_else(|| tenant_missing(top_up.tenant_id))?;
-    let event = Event::TopupReceived(TopupReceived {
-        topup_id: top_up.id.clone(),
-        amount: Soles(top_up.amount),
-        balance: Soles(balance),
-    });
+    let event = crate::store::webhooks::top_up_received(top_up, balance);
     emit_in(
         tx,
         top_up.tenant_id,
