@@ -190,7 +190,11 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def scenario(name: str, sim_port: int, ports: list[int], a_keys, b_keys, seconds: float) -> dict:
+def scenario(name: str, sim_port: int, ports: list[int], a_keys, b_keys, seconds: float,
+             b_ports: list[int] | None = None) -> dict:
+    """A keeps its streams going against `ports`; B sends one stream at a time against
+    `b_ports` (default: `ports`), alternating."""
+    b_ports = b_ports or ports
     a = Load(ports, a_keys, A_STREAMS, "a")
     time.sleep(3.0)  # the batch reaches its steady state: every slot busy, the rest waiting
     engine(sim_port, "/sim/reset")
@@ -199,8 +203,8 @@ def scenario(name: str, sim_port: int, ports: list[int], a_keys, b_keys, seconds
     ttft = []
     k = 0
     while time.monotonic() - started < seconds:
-        i = k % len(ports)
-        first, _ = stream(ports[i], b_keys[i], f"b{k}")
+        i = k % len(b_ports)
+        first, _ = stream(b_ports[i], b_keys[i], f"b{k}")
         k += 1
         if first is not None:
             ttft.append(first)
@@ -215,6 +219,7 @@ def scenario(name: str, sim_port: int, ports: list[int], a_keys, b_keys, seconds
         "b_p99": pct(ttft, 0.99),
         "utilization": report.get("utilization"),
         "a_per_s": a.done / elapsed,
+        "all_per_s": (a.done + len(ttft)) / elapsed,
     }
 
 
@@ -260,6 +265,7 @@ def main() -> int:
     ap.add_argument("--weights-seconds", type=float, default=60, help="how long the weights scenario counts")
     ap.add_argument("--batch", action="store_true", help="also the batch-priority scenario")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks-fairness.md"))
+    ap.add_argument("--dry", action="store_true", help="print the results without recording them")
     ap.add_argument("--allowance", type=int, default=0,
                     help="scheduling.engine_queue_allowance of the gateways (requests let wait in the engine)")
     args = ap.parse_args()
@@ -282,8 +288,12 @@ def main() -> int:
         g1 = Gateway("g1", sim_port, SLOTS, {"a": 1, "b": 1}, gateways=2)
         g2 = Gateway("g2", sim_port, SLOTS, {"a": 1, "b": 1}, gateways=2)
         gws += [g1, g2]
-        rows.append(scenario("2 quipus (max_concurrency = 8)", sim_port, [g1.port, g2.port],
+        rows.append(scenario("2 quipus, B alternating", sim_port, [g1.port, g2.port],
                              [g1.keys["a"], g2.keys["a"]], [g1.keys["b"], g2.keys["b"]], args.seconds))
+        # A client that keeps its connection (the SDKs do) stays on one gateway behind a TCP
+        # balancer; B here reaches g1 only, A still both.
+        rows.append(scenario("2 quipus, B on one gateway", sim_port, [g1.port, g2.port],
+                             [g1.keys["a"], g2.keys["a"]], [g1.keys["b"]], args.seconds, b_ports=[g1.port]))
     finally:
         for g in gws:
             g.proc.stop()
@@ -292,12 +302,13 @@ def main() -> int:
     lines = [f"## {date.today().isoformat()}: {args.seconds:.0f} s per scenario, {os.cpu_count()} cores, "
              f"engine_queue_allowance = {args.allowance}",
              "",
-             "| scenario | B requests | B ttft p50 | B ttft p99 | engine slots busy | A streams/s | vs direct |",
-             "|---|---|---|---|---|---|---|"]
+             "| scenario | B requests | B ttft p50 | B ttft p99 | engine slots busy | A streams/s | vs direct | A+B streams/s | vs direct |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         util = f"{r['utilization'] * 100:.1f} %" if isinstance(r["utilization"], (int, float)) else "–"
         lines.append(f"| {r['scenario']} | {r['b_requests']} | {r['b_p50']:.3f} s | {r['b_p99']:.3f} s | {util} | "
-                     f"{r['a_per_s']:.2f} | {r['a_per_s'] / direct['a_per_s'] * 100:.1f} % |")
+                     f"{r['a_per_s']:.2f} | {r['a_per_s'] / direct['a_per_s'] * 100:.1f} % | "
+                     f"{r['all_per_s']:.2f} | {r['all_per_s'] / direct['all_per_s'] * 100:.1f} % |")
     if weights:
         lines += ["", f"Weights 1 : 3, both tenants saturating through one Quipu: output tokens "
                       f"{weights['weight_1_tokens']} : {weights['weight_3_tokens']} = 1 : {weights['ratio']:.2f}."]
@@ -310,6 +321,8 @@ def main() -> int:
                       f"({batch['b_requests']} requests)."]
     text = "\n".join(lines) + "\n"
     print(text)
+    if args.dry:
+        return 0
     out = Path(args.out)
     head = out.read_text() if out.exists() else "# Fairness benchmark history\n\nWritten by `benches/fairness.py` (see its docstring); newest first.\n\n"
     marker = "\n## "

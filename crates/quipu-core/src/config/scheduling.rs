@@ -77,6 +77,7 @@ pub(super) fn validate_scheduling(r: RawScheduling, errs: &mut Vec<String>) -> S
         affinity_wait: Millis(r.affinity_wait_ms),
         report_ttl: Millis(r.load_interval_ms.saturating_mul(3).max(1_000)),
         engine_queue_allowance: r.engine_queue_allowance,
+        return_hold: Millis(r.return_hold_ms),
     };
     if scheduler.check().is_err() {
         errs.push(format!(

@@ -3,6 +3,7 @@
 
 use super::capacity::{Free, Occupancy};
 use super::fair::QKey;
+use super::hold::Presence;
 use super::types::{
     Dispatch, Effects, Expired, Millis, Placement, Priority, Refusal, Ticket, Verdict,
 };
@@ -38,6 +39,7 @@ impl Scheduler {
     /// Timeouts, promotions and ends of affinity waits due at `now`, then dispatches.
     pub(super) fn settle(&mut self, now: Millis) -> Effects {
         let expired = self.expire(now);
+        self.lapse_holds(now);
         let age = self.config.batch_age_limit;
         while let Some(&key) = self.promotable.first() {
             if now.since(key.arrived) < age {
@@ -95,15 +97,19 @@ impl Scheduler {
         }
     }
 
-    /// Replicas with a free slot now.
+    /// Replicas with a free slot now (slots held for a returning tenant are not free).
     pub(super) fn rooms(&self, now: Millis) -> Vec<Room> {
         (0..self.replicas.len())
             .filter(|&i| self.replicas[i].available)
             .filter_map(|i| {
                 let o = self.occupancy(i, now);
-                o.free.any().then_some(Room {
+                let free = match o.free {
+                    Free::Slots(n) => Free::Slots(n.saturating_sub(self.held_on(i))),
+                    unbounded => unbounded,
+                };
+                free.any().then_some(Room {
                     replica: i,
-                    free: o.free,
+                    free,
                     in_use: o.in_use,
                 })
             })
@@ -213,7 +219,7 @@ impl Scheduler {
     }
 
     /// A ticket starts on `replica`.
-    fn run(
+    pub(super) fn run(
         &mut self,
         t: &Ticket,
         promoted: bool,
@@ -227,8 +233,15 @@ impl Scheduler {
             Running {
                 replica,
                 dispatched_at: now,
+                tenant: t.tenant,
+                holdable: t.priority == Priority::Interactive,
             },
         );
+        let p = (self.per_tenant)
+            .entry(t.tenant)
+            .or_insert(Presence::new(t.weight));
+        p.running += 1;
+        p.weight = t.weight;
         if placement != Placement::Preferred {
             self.cursor = replica + 1;
         }
@@ -254,6 +267,9 @@ impl Scheduler {
             return Verdict::Refused(Refusal::NoReplica);
         }
         let class = self.class_of(&t, now);
+        if let Some(d) = self.take_hold(&t, class, now) {
+            return Verdict::Dispatched(d);
+        }
         let rooms = self.rooms_for(class, &self.rooms(now));
         if let Some((replica, placement)) = self.place(&t, now, &rooms) {
             // Settled: nobody waiting may use this slot, so taking it overtakes no one.
@@ -291,7 +307,11 @@ impl Scheduler {
         if !t.exclude.is_empty() {
             self.excluding[class as usize] += 1;
         }
-        *self.per_tenant.entry(t.tenant).or_default() += 1;
+        let p = (self.per_tenant)
+            .entry(t.tenant)
+            .or_insert(Presence::new(t.weight));
+        p.queued += 1;
+        p.weight = t.weight;
         self.ids.insert(t.id, key);
         self.queued.insert(key, Entry { ticket: t, class });
     }
@@ -312,12 +332,7 @@ impl Scheduler {
         if !e.ticket.exclude.is_empty() {
             self.excluding[e.class as usize] -= 1;
         }
-        if let Some(n) = self.per_tenant.get_mut(&e.ticket.tenant) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_tenant.remove(&e.ticket.tenant);
-            }
-        }
+        self.presence(e.ticket.tenant, |p| p.queued -= 1);
         Some(e)
     }
 }

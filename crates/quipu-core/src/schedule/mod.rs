@@ -32,12 +32,17 @@
 //!   time-to-first-token target, and under saturation a request that queued longer than that
 //!   is no longer held back at all (the cache-warm replica is a preference, never a reason to
 //!   keep a slot idle for long).
+//! - **A freed slot is held for its tenant** ([`hold`]): when an interactive request of a
+//!   tenant below its fair share ends while others wait, its slot is kept `return_hold` for
+//!   that tenant's next request, so a tenant sending one request at a time is not pushed
+//!   behind a backlog each time it comes back.
 //! - **FIFO within a tenant**, among requests that can use the same replica: a request held
 //!   for its preferred replica (at most `affinity_wait`) or barred from a replica (a retry's
 //!   exclusions) does not hold back its tenant's younger requests that may go elsewhere. The
 //!   search for such a younger request looks at the first [`LOOKAHEAD`] of the tenant's queue.
 //! - **Work conserving**: after every call, no queued request may use any free slot (the
-//!   scheduler dispatches until that holds). So a new request starts at once exactly when a
+//!   scheduler dispatches until that holds); a held slot is not free, for at most
+//!   `return_hold`. So a new request starts at once exactly when a
 //!   slot it may use is free — nobody waiting could have used that slot.
 //! - **Bounds**: a request that waited `queue_timeout` leaves the queue in the next call's
 //!   [`Effects::expired`] (the proxy answers it 503/529); a new request is refused when its
@@ -62,6 +67,7 @@
 pub mod capacity;
 mod dispatch;
 pub mod fair;
+mod hold;
 #[cfg(test)]
 mod tests;
 pub mod types;
@@ -71,6 +77,7 @@ pub use types::*;
 
 use capacity::ReplicaSlots;
 use fair::{FairQueue, QKey};
+use hold::{Hold, Presence};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::num::NonZeroU32;
 
@@ -89,6 +96,9 @@ struct Entry {
 struct Running {
     replica: usize,
     dispatched_at: Millis,
+    tenant: TenantId,
+    /// It ran as an interactive request: its end may hold the slot for its tenant.
+    holdable: bool,
 }
 
 /// The scheduler of one model pool.
@@ -109,7 +119,10 @@ pub struct Scheduler {
     promotable: BTreeSet<QKey>,
     /// Requests with a preferred replica still within `affinity_wait`.
     affinity_pending: BTreeSet<QKey>,
-    per_tenant: HashMap<TenantId, u32>,
+    /// What each tenant has in the pool: queued, running, held.
+    per_tenant: HashMap<TenantId, Presence>,
+    /// Slots kept for a returning tenant ([`hold`]).
+    holds: Vec<Hold>,
     /// Per class: queued requests with exclusions.
     excluding: [usize; 2],
 }
@@ -160,6 +173,7 @@ impl Scheduler {
             promotable: BTreeSet::new(),
             affinity_pending: BTreeSet::new(),
             per_tenant: HashMap::new(),
+            holds: Vec::new(),
             excluding: [0; 2],
         })
     }
@@ -186,6 +200,13 @@ impl Scheduler {
             if let Some(slots) = self.replicas.get_mut(r.replica) {
                 slots.on_release(r.dispatched_at);
             }
+            if let Some(p) = self.per_tenant.get_mut(&r.tenant) {
+                p.running -= 1;
+            }
+            if r.holdable {
+                self.maybe_hold(r.tenant, r.replica, now);
+            }
+            self.presence(r.tenant, |_| {});
             Some(Stage::Running { replica: r.replica })
         } else {
             None
@@ -249,6 +270,7 @@ impl Scheduler {
             due(self.queued.keys().next(), c.queue_timeout),
             due(self.promotable.first(), c.batch_age_limit),
             due(self.affinity_pending.first(), c.affinity_wait),
+            self.holds.iter().map(|h| h.until).min(),
         ]
         .into_iter()
         .chain(
@@ -264,7 +286,7 @@ impl Scheduler {
 
     /// Requests a tenant has waiting.
     pub fn queued_for(&self, tenant: TenantId) -> u32 {
-        self.per_tenant.get(&tenant).copied().unwrap_or(0)
+        self.per_tenant.get(&tenant).map_or(0, |p| p.queued)
     }
 
     pub fn snapshot(&self, now: Millis) -> Snapshot {

@@ -587,13 +587,13 @@ enum Fate {
 
 /// What the property run knows: live requests only (a request leaves when released, refused
 /// or expired), every ticket, each tenant's last start per class, and how often each path ran
-/// (immediate starts, queued starts, timeouts, refusals).
+/// (immediate starts, queued starts, timeouts, refusals, starts on a held slot).
 #[derive(Default)]
 struct World {
     live: BTreeMap<u64, Fate>,
     tickets: HashMap<u64, Ticket>,
     last_start: HashMap<(i64, Priority), u64>,
-    counts: [usize; 4],
+    counts: [usize; 5],
 }
 
 impl World {
@@ -604,11 +604,13 @@ impl World {
             s.replicas[d.replica].available,
             "{d:?} on a replica that is down"
         );
-        assert_eq!(
-            d.placement == Placement::Preferred,
-            t.preferred == Some(d.replica)
-        );
-        assert_eq!(d.placement == Placement::Balanced, t.preferred.is_none());
+        if d.placement != Placement::Returned {
+            assert_eq!(
+                d.placement == Placement::Preferred,
+                t.preferred == Some(d.replica)
+            );
+            assert_eq!(d.placement == Placement::Balanced, t.preferred.is_none());
+        }
         // A tenant's requests with no preference and no exclusions start in arrival order
         // within their class (promoted batch requests change class; they are left out).
         if t.preferred.is_none() && t.exclude.is_empty() && !d.promoted {
@@ -620,6 +622,9 @@ impl World {
                     d.id.0
                 );
             }
+        }
+        if d.placement == Placement::Returned {
+            self.counts[4] += 1;
         }
         self.live.insert(d.id.0, Fate::Running(d.replica));
     }
@@ -677,10 +682,12 @@ fn random_operations_keep_the_invariants() {
         batch_age_limit: Millis(1000),
         tenant_queue_cap: 20,
         max_queued: 60,
+        // Long enough that a tenant's next request often comes back to its held slot.
+        return_hold: Millis(100),
         ..SchedulerConfig::default()
     };
     let slots = [Some(2), Some(3), Some(1)];
-    let mut totals = [0usize; 4];
+    let mut totals = [0usize; 5];
     for seed in 1..=8u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut s = sched_with(config, &slots);
@@ -761,8 +768,8 @@ fn random_operations_keep_the_invariants() {
             *total += c;
         }
     }
-    // Every path was taken: immediate and queued starts, timeouts, refusals (timeouts are the
-    // rarest: several gateways' guaranteed shares start more at once).
+    // Every path was taken: immediate and queued starts, timeouts, refusals, held slots taken
+    // (timeouts are the rarest: several gateways' guaranteed shares start more at once).
     assert!(totals.iter().all(|&c| c > 20), "{totals:?}");
 }
 
@@ -781,4 +788,101 @@ fn random_ticket(rng: &mut Rng, id: u64, now: u64) -> Ticket {
         t = t.exclude(vec![rng.below(3) as usize]);
     }
     t
+}
+
+/// Four slots: tenant 1 runs three requests with five more waiting, tenant 2 runs one (id 100).
+fn a_backlog_and_a_light_tenant(config: SchedulerConfig) -> Scheduler {
+    let mut s = sched_with(config, &[Some(4)]);
+    for id in 1..=3 {
+        dispatched(offer(&mut s, ticket(id, 1, 0)));
+    }
+    dispatched(offer(&mut s, ticket(100, 2, 0)));
+    for id in 4..=8 {
+        assert_eq!(offer(&mut s, ticket(id, 1, 0)), Verdict::Queued);
+    }
+    s
+}
+
+#[test]
+fn a_slot_freed_by_a_tenant_below_its_share_is_held_for_its_next_request() {
+    let mut s = a_backlog_and_a_light_tenant(SchedulerConfig::default());
+    // Tenant 2's request ends while tenant 1 waits: its slot is kept, not given away...
+    assert!(release(&mut s, 100, 1000).dispatched.is_empty());
+    assert_eq!(s.next_wakeup(Millis(1000)), Some(Millis(1020)));
+    // ...and its next request, a few milliseconds later, starts at once.
+    let d = dispatched(offer(&mut s, ticket(101, 2, 1005)));
+    assert_eq!(
+        (d.replica, d.waited, d.placement),
+        (0, Millis(0), Placement::Returned)
+    );
+    // A slot tenant 1 frees goes to tenant 1's queue at once: it is above its share.
+    assert_eq!(ids(&release(&mut s, 1, 1010)), vec![4]);
+}
+
+#[test]
+fn a_held_slot_goes_to_the_queue_when_its_tenant_does_not_come_back() {
+    let mut s = a_backlog_and_a_light_tenant(SchedulerConfig::default());
+    assert!(release(&mut s, 100, 1000).dispatched.is_empty());
+    assert!(s.tick(Millis(1019)).is_empty());
+    assert_eq!(ids(&s.tick(Millis(1020))), vec![4]);
+    // Too late: tenant 2's request now waits its turn like any other.
+    assert_eq!(offer(&mut s, ticket(101, 2, 1025)), Verdict::Queued);
+}
+
+#[test]
+fn nothing_is_held_without_a_queue_when_disabled_or_for_a_tenant_with_requests_waiting() {
+    // Nobody waits: the slot is simply free, for anyone.
+    let mut s = sched(&[Some(2)]);
+    dispatched(offer(&mut s, ticket(1, 1, 0)));
+    dispatched(offer(&mut s, ticket(100, 2, 0)));
+    assert!(release(&mut s, 100, 10).dispatched.is_empty());
+    dispatched(offer(&mut s, ticket(2, 1, 11)));
+    // `return_hold = 0`: the freed slot goes to the queue at once.
+    let off = SchedulerConfig {
+        return_hold: Millis::ZERO,
+        ..SchedulerConfig::default()
+    };
+    let mut s = a_backlog_and_a_light_tenant(off);
+    assert_eq!(ids(&release(&mut s, 100, 1000)), vec![4]);
+    // A tenant with a request of its own waiting is served by the fair queue instead.
+    let mut s = a_backlog_and_a_light_tenant(SchedulerConfig::default());
+    assert_eq!(offer(&mut s, ticket(101, 2, 500)), Verdict::Queued);
+    assert_eq!(release(&mut s, 100, 1000).dispatched.len(), 1);
+    // A batch request's end holds nothing.
+    let mut s = sched(&[Some(2)]);
+    dispatched(offer(&mut s, ticket(1, 1, 0)));
+    dispatched(offer(&mut s, ticket(100, 2, 0).priority(Priority::Batch)));
+    assert_eq!(offer(&mut s, ticket(2, 1, 0)), Verdict::Queued);
+    assert_eq!(ids(&release(&mut s, 100, 10)), vec![2]);
+}
+
+#[test]
+fn a_tenant_holds_no_more_than_its_fair_share() {
+    // Eight slots, tenants of weight 1 (a share of four each): tenant 2 runs five, tenant 1
+    // runs three with eight waiting.
+    let mut s = sched(&[Some(8)]);
+    for id in 100..105 {
+        dispatched(offer(&mut s, ticket(id, 2, 0)));
+    }
+    for id in 1..=3 {
+        dispatched(offer(&mut s, ticket(id, 1, 0)));
+    }
+    for id in 4..=11 {
+        assert_eq!(offer(&mut s, ticket(id, 1, 0)), Verdict::Queued);
+    }
+    // Above its share, tenant 2's first end goes to the queue; at its share, the next is held.
+    assert_eq!(ids(&release(&mut s, 100, 10)), vec![4]);
+    assert!(release(&mut s, 101, 11).dispatched.is_empty());
+    // Weight 3 against 1 makes its share six of the eight slots.
+    let mut s = sched(&[Some(8)]);
+    let heavy = |id| ticket(id, 2, 0).weight(nz(3));
+    for id in 100..107 {
+        dispatched(offer(&mut s, heavy(id)));
+    }
+    dispatched(offer(&mut s, ticket(1, 1, 0)));
+    for id in 2..=5 {
+        assert_eq!(offer(&mut s, ticket(id, 1, 0)), Verdict::Queued);
+    }
+    assert_eq!(ids(&release(&mut s, 100, 10)), vec![2]);
+    assert!(release(&mut s, 101, 11).dispatched.is_empty());
 }

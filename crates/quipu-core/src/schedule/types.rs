@@ -150,6 +150,10 @@ pub struct SchedulerConfig {
     /// is empty). A small value trades a little engine queueing for no idle gap between a
     /// sequence ending and the next one starting.
     pub engine_queue_allowance: u32,
+    /// How long a slot freed by an interactive request stays kept for its tenant's next
+    /// request, when others wait and that tenant is below its fair share (default 20 ms; 0:
+    /// never). See the scheduler's `hold` module for why.
+    pub return_hold: Millis,
 }
 
 impl Default for SchedulerConfig {
@@ -162,6 +166,7 @@ impl Default for SchedulerConfig {
             affinity_wait: Millis(50),
             report_ttl: Millis(5_000),
             engine_queue_allowance: 0,
+            return_hold: Millis(20),
         }
     }
 }
@@ -193,6 +198,8 @@ pub enum Placement {
     Spilled,
     /// It had no preference: the replica with the most free slots.
     Balanced,
+    /// The slot its tenant's previous request freed, kept for it (see the `hold` module).
+    Returned,
 }
 
 impl Placement {
@@ -201,6 +208,7 @@ impl Placement {
             Placement::Preferred => "preferred",
             Placement::Spilled => "spilled",
             Placement::Balanced => "balanced",
+            Placement::Returned => "returned",
         }
     }
 }
