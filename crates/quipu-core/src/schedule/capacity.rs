@@ -208,6 +208,21 @@ impl ReplicaSlots {
         }
     }
 
+    /// Whether one more request may be sent to wait at the head of the engine's own queue: a
+    /// fresh report says the engine's queue is empty (within `allowance`) and, with this
+    /// gateway's changes since, the engine is at most full — not already over.
+    pub fn may_overflow(&self, now: Millis, ttl: Millis, allowance: u32) -> bool {
+        let (Some(cap), Some(r)) = (self.cap(), self.fresh_report(now, ttl)) else {
+            return false;
+        };
+        let engine = (r.load.running)
+            .saturating_add(r.load.waiting)
+            .saturating_add(r.added)
+            .saturating_sub(r.removed);
+        r.load.waiting.saturating_sub(r.removed) <= allowance
+            && engine.max(self.local) <= cap.saturating_add(allowance)
+    }
+
     /// A new report replaces the last one (and its counts of changes since).
     pub fn set_report(&mut self, load: EngineLoad, now: Millis) {
         if load.slots.is_some() {

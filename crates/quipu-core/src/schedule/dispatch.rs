@@ -277,6 +277,9 @@ impl Scheduler {
             let promoted = class != t.priority;
             return Verdict::Dispatched(self.run(&t, promoted, replica, placement, now));
         }
+        if let Some(d) = self.overflow(&t, class, now) {
+            return Verdict::Dispatched(d);
+        }
         let c = &self.config;
         if now.since(t.arrived) >= c.queue_timeout {
             return Verdict::Refused(Refusal::Timeout);

@@ -10,17 +10,19 @@
 //! So when an interactive request ends while others wait, and its tenant has nothing queued
 //! and runs less than its fair share, the slot is **held** for that tenant for
 //! `return_hold` (default 20 ms): the tenant's next request takes it at once, and if none
-//! comes in time the slot goes to the queue. A tenant's fair share here is the pool's slots
-//! times its weight over the weights of every tenant present (running, waiting or holding);
+//! comes in time the slot goes to the queue. A tenant's fair share here is this gateway's
+//! share of the pool's slots times its weight over the weights of every tenant present
+//! (running, waiting or holding);
 //! a tenant at or above it holds nothing, so a backlog never holds slots against others, and
 //! a tenant never holds more than its share. The price is bounded: a slot idles at most
 //! `return_hold` when the tenant does not come back, once per request of a tenant below its
 //! share — 2.5 % of a 0.8 s sequence at worst, nothing when it returns in time.
 //!
 //! Holds are this gateway's own: with several gateways a tenant's next request may reach
-//! another one, where the hold does not help it.
+//! another one, which may send it to the engine's own queue ([`super::overflow`]), where it
+//! takes the held slot.
 
-use super::capacity::Free;
+use super::capacity::{share, Free};
 use super::types::{Dispatch, Millis, Placement, Priority, TenantId, Ticket};
 use super::Scheduler;
 use std::num::NonZeroU32;
@@ -87,17 +89,7 @@ impl Scheduler {
         if p.queued > 0 || !self.replicas.get(replica).is_some_and(|r| r.available) {
             return;
         }
-        let Some(slots) = self.pool_slots(now) else {
-            return;
-        };
-        let weights: u64 = self
-            .per_tenant
-            .values()
-            .map(|q| u64::from(q.weight.get()))
-            .sum();
-        // Below its share even with this slot back: (running + held + 1) / slots ≤ w / Σw.
-        let wanted = u64::from(p.running + p.held + 1).saturating_mul(weights);
-        if wanted > slots.saturating_mul(u64::from(p.weight.get())) {
+        if !self.below_share(tenant, p.weight) {
             return;
         }
         self.holds.push(Hold {
@@ -108,12 +100,31 @@ impl Scheduler {
         self.presence(tenant, |p| p.held += 1);
     }
 
-    /// The slots of the pool's available replicas as this gateway counts them (`None`: one
-    /// is unbounded, so nothing needs holding).
-    fn pool_slots(&self, now: Millis) -> Option<u64> {
-        (0..self.replicas.len())
-            .filter(|&i| self.replicas[i].available)
-            .map(|i| self.occupancy(i, now).limit.map(u64::from))
+    /// Whether `tenant` (of `weight`, if it has nothing in the pool yet) would still be within
+    /// its fair share with one more slot: (running + held + 1) / slots ≤ weight / Σ weights of
+    /// the tenants present, itself included. The slots are this gateway's share of them (all
+    /// of them when it is alone): what it runs is all it knows of each tenant.
+    pub(super) fn below_share(&self, tenant: TenantId, weight: NonZeroU32) -> bool {
+        let Some(slots) = self.pool_slots() else {
+            return false;
+        };
+        let p = self.per_tenant.get(&tenant).copied();
+        let (mine, weight) = p.map_or((0, weight), |p| (p.running + p.held, p.weight));
+        let others: u64 = (self.per_tenant.iter())
+            .filter(|(t, _)| **t != tenant)
+            .map(|(_, q)| u64::from(q.weight.get()))
+            .sum();
+        let weights = others + u64::from(weight.get());
+        let wanted = u64::from(mine + 1).saturating_mul(weights);
+        wanted <= slots.saturating_mul(u64::from(weight.get()))
+    }
+
+    /// This gateway's share of the slots of the pool's available replicas (`None`: one is
+    /// unbounded, so nobody need wait behind anyone).
+    fn pool_slots(&self) -> Option<u64> {
+        (self.replicas.iter())
+            .filter(|r| r.available)
+            .map(|r| r.cap().map(|c| u64::from(share(c, self.gateways))))
             .sum()
     }
 

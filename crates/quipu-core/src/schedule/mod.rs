@@ -68,6 +68,7 @@ pub mod capacity;
 mod dispatch;
 pub mod fair;
 mod hold;
+mod overflow;
 #[cfg(test)]
 mod tests;
 pub mod types;

@@ -587,13 +587,14 @@ enum Fate {
 
 /// What the property run knows: live requests only (a request leaves when released, refused
 /// or expired), every ticket, each tenant's last start per class, and how often each path ran
-/// (immediate starts, queued starts, timeouts, refusals, starts on a held slot).
+/// (immediate starts, queued starts, timeouts, refusals, starts on a held slot, starts in an
+/// engine's own queue).
 #[derive(Default)]
 struct World {
     live: BTreeMap<u64, Fate>,
     tickets: HashMap<u64, Ticket>,
     last_start: HashMap<(i64, Priority), u64>,
-    counts: [usize; 5],
+    counts: [usize; 6],
 }
 
 impl World {
@@ -604,7 +605,7 @@ impl World {
             s.replicas[d.replica].available,
             "{d:?} on a replica that is down"
         );
-        if d.placement != Placement::Returned {
+        if !matches!(d.placement, Placement::Returned | Placement::EngineQueue) {
             assert_eq!(
                 d.placement == Placement::Preferred,
                 t.preferred == Some(d.replica)
@@ -623,8 +624,10 @@ impl World {
                 );
             }
         }
-        if d.placement == Placement::Returned {
-            self.counts[4] += 1;
+        match d.placement {
+            Placement::Returned => self.counts[4] += 1,
+            Placement::EngineQueue => self.counts[5] += 1,
+            _ => {}
         }
         self.live.insert(d.id.0, Fate::Running(d.replica));
     }
@@ -649,7 +652,8 @@ impl World {
             let running = self.live.values().filter(|f| **f == Fate::Running(i));
             let n = running.count() as u32;
             assert_eq!(r.local, n);
-            assert!(n <= slots[i].unwrap_or(u32::MAX), "replica {i}");
+            // One more than the slots: a request sent to wait in the engine's own queue.
+            assert!(n <= slots[i].map_or(u32::MAX, |m| m + 1), "replica {i}");
         }
         let queued: Vec<u64> = self
             .live
@@ -687,7 +691,7 @@ fn random_operations_keep_the_invariants() {
         ..SchedulerConfig::default()
     };
     let slots = [Some(2), Some(3), Some(1)];
-    let mut totals = [0usize; 5];
+    let mut totals = [0usize; 6];
     for seed in 1..=8u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut s = sched_with(config, &slots);
@@ -768,8 +772,8 @@ fn random_operations_keep_the_invariants() {
             *total += c;
         }
     }
-    // Every path was taken: immediate and queued starts, timeouts, refusals, held slots taken
-    // (timeouts are the rarest: several gateways' guaranteed shares start more at once).
+    // Every path was taken: immediate and queued starts, timeouts, refusals, held slots taken,
+    // engine queues (timeouts are the rarest: several gateways' guaranteed shares start more at once).
     assert!(totals.iter().all(|&c| c > 20), "{totals:?}");
 }
 
@@ -885,4 +889,51 @@ fn a_tenant_holds_no_more_than_its_fair_share() {
     }
     assert_eq!(ids(&release(&mut s, 100, 10)), vec![2]);
     assert!(release(&mut s, 101, 11).dispatched.is_empty());
+}
+
+#[test]
+fn a_tenant_below_its_share_may_wait_at_the_head_of_a_full_engines_queue() {
+    // One of two gateways in front of an 8-slot engine: it runs tenant 1's four, with more of
+    // tenant 1's waiting; the engine reports itself full, its own queue empty.
+    let mut s = sched(&[Some(8)]);
+    assert!(s
+        .set_gateways(
+            Gateways {
+                count: 2,
+                ordinal: 1
+            },
+            Millis(0)
+        )
+        .is_empty());
+    for id in 1..=4 {
+        dispatched(offer(&mut s, ticket(id, 1, 0)));
+    }
+    let full = EngineLoad {
+        running: 8,
+        waiting: 0,
+        slots: None,
+    };
+    assert!(s.set_reported_load(0, full, Millis(1)).is_empty());
+    assert_eq!(offer(&mut s, ticket(5, 1, 2)), Verdict::Queued);
+    // Tenant 2, below its share, goes on to the engine (a slot another gateway holds for
+    // someone, or the first to free anywhere)...
+    let d = dispatched(offer(&mut s, ticket(100, 2, 3)));
+    assert_eq!(d.placement, Placement::EngineQueue);
+    // ...one at a time: the engine now looks over-full.
+    assert_eq!(offer(&mut s, ticket(101, 3, 4)), Verdict::Queued);
+    // Not while the engine queues on its own, nor for a tenant above its share.
+    let waiting = EngineLoad {
+        running: 8,
+        waiting: 1,
+        slots: None,
+    };
+    assert!(s.set_reported_load(0, waiting, Millis(5)).is_empty());
+    assert_eq!(offer(&mut s, ticket(102, 4, 6)), Verdict::Queued);
+    assert!(s.set_reported_load(0, full, Millis(7)).is_empty());
+    assert_eq!(offer(&mut s, ticket(6, 1, 8)), Verdict::Queued);
+    // Without a fresh report the engine's queue is unknown: nothing goes beyond the share.
+    let mut s = sched(&[Some(2)]);
+    dispatched(offer(&mut s, ticket(1, 1, 0)));
+    dispatched(offer(&mut s, ticket(2, 1, 0)));
+    assert_eq!(offer(&mut s, ticket(100, 2, 1)), Verdict::Queued);
 }

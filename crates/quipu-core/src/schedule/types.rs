@@ -200,6 +200,9 @@ pub enum Placement {
     Balanced,
     /// The slot its tenant's previous request freed, kept for it (see the `hold` module).
     Returned,
+    /// Sent to wait at the head of a full engine's own queue, its tenant being below its
+    /// share (see the `overflow` module).
+    EngineQueue,
 }
 
 impl Placement {
@@ -209,6 +212,7 @@ impl Placement {
             Placement::Spilled => "spilled",
             Placement::Balanced => "balanced",
             Placement::Returned => "returned",
+            Placement::EngineQueue => "engine_queue",
         }
     }
 }
