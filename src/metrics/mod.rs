@@ -231,7 +231,7 @@ metrics! {
     );
     dispatches: IntCounterVec = counter(
         "quipu_dispatches_total",
-        "Requests a scheduled model's queue started, by placement: preferred (its cache-warm replica), spilled (elsewhere after the affinity wait), balanced (no preference), returned (the slot its tenant's previous request freed, kept for it)",
+        "Requests a scheduled model's queue started, by placement: preferred (its cache-warm replica), spilled (elsewhere after the affinity wait), balanced (no preference), returned (the slot its tenant's previous request freed, kept for it), engine_queue (sent to wait at the head of a full engine's own queue, its tenant below its share)",
         &["model", "placement"],
     );
     queue_rejections: IntCounterVec = counter(
