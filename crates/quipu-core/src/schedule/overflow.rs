@@ -11,6 +11,10 @@
 //! queue would have started it. One such request at a time per gateway and replica: it
 //! counts as in use, so the engine looks over-full until a request ends, and the report
 //! stops everyone while it waits in the engine.
+//!
+//! A gateway alone never does this: its own queue starts such a request at the next slot to
+//! free just as soon, and keeps it out of the engine's FIFO, where it could no longer be
+//! reordered.
 
 use super::types::{Dispatch, Millis, Placement, Priority, Ticket};
 use super::Scheduler;
@@ -23,7 +27,10 @@ impl Scheduler {
         class: Priority,
         now: Millis,
     ) -> Option<Dispatch> {
-        if class != Priority::Interactive || t.priority != Priority::Interactive {
+        if self.gateways.count < 2
+            || class != Priority::Interactive
+            || t.priority != Priority::Interactive
+        {
             return None;
         }
         if self.queued_for(t.tenant) > 0 || !self.below_share(t.tenant, t.weight) {

@@ -931,8 +931,23 @@ fn a_tenant_below_its_share_may_wait_at_the_head_of_a_full_engines_queue() {
     assert_eq!(offer(&mut s, ticket(102, 4, 6)), Verdict::Queued);
     assert!(s.set_reported_load(0, full, Millis(7)).is_empty());
     assert_eq!(offer(&mut s, ticket(6, 1, 8)), Verdict::Queued);
-    // Without a fresh report the engine's queue is unknown: nothing goes beyond the share.
+    // A gateway alone keeps such a request in its own queue, to start at the next free slot.
     let mut s = sched(&[Some(2)]);
+    dispatched(offer(&mut s, ticket(1, 1, 0)));
+    dispatched(offer(&mut s, ticket(2, 1, 0)));
+    assert!(s.set_reported_load(0, full, Millis(1)).is_empty());
+    assert_eq!(offer(&mut s, ticket(100, 2, 1)), Verdict::Queued);
+    // Without a fresh report the engine's queue is unknown: nothing goes beyond the share.
+    let mut s = sched(&[Some(4)]);
+    assert!(s
+        .set_gateways(
+            Gateways {
+                count: 2,
+                ordinal: 0
+            },
+            Millis(0)
+        )
+        .is_empty());
     dispatched(offer(&mut s, ticket(1, 1, 0)));
     dispatched(offer(&mut s, ticket(2, 1, 0)));
     assert_eq!(offer(&mut s, ticket(100, 2, 1)), Verdict::Queued);
