@@ -3,7 +3,8 @@
 the engine; a tenant that was idle goes before a busy tenant's backlog; a full queue and a wait
 that timed out are answered 429 `queue_full` in each format's shape, charged nothing; a client
 that hangs up while queued gets its reservation back at once; a streaming client that waits
-gets its head and the format's keep-alive, then its answer (or an error event).
+gets its head and the format's keep-alive, then its answer (or an error event); a slot a light
+tenant frees is kept for its next request, then given to the backlog.
 
 Slots are held by streams the test keeps open (slow pacing) and frees by closing them, so every
 dispatch is caused by the test, never by a timer."""
@@ -250,3 +251,37 @@ def test_a_stream_that_times_out_in_the_queue_ends_with_an_error_event(sched):
     error = json.loads("{" + text.split("data: {", 1)[1].split("\n", 1)[0])
     assert error["error"]["code"] == "queue_full", error
     close_all(sim, gw, held + [waiting])
+
+
+def test_a_slot_freed_by_a_light_tenant_waits_for_its_next_request(workdir):
+    """Tenant B, one stream at a time, beside tenant A's backlog: B's freed slot is kept for
+    B's next request (`return_hold_ms`, long here so that no timing decides the test), then
+    goes to A's backlog when B does not come back."""
+    sim = Sim(workdir, "--max-num-seqs", "2", name="sim-hold").start()
+    gw = Gateway(workdir, {"colibri": [sim.api_base]}, name="quipu-hold", model_extra="max_concurrency = 2",
+                 extra="[scheduling]\nreturn_hold_ms = 4000\nload_interval_ms = 200\n").start()
+    try:
+        _, a = gw.new_tenant(f"batch-{uuid.uuid4().hex[:6]}")
+        _, b = gw.new_tenant(f"light-{uuid.uuid4().hex[:6]}")
+        running = [Held(gw, a), Held(gw, b)]
+        wait_until(lambda: engine(sim)["running"] == 2, 10, "both slots running")
+        backlog = [Held(gw, a) for _ in range(2)]
+        wait_until(lambda: depth(gw) == 2, 10, "tenant A's backlog queued in Quipu")
+        returned = gw.metric_value("quipu_dispatches_total", placement="returned")
+        # B's stream ends: Quipu counts one slot in use, and A's backlog stays where it is.
+        running[1].close()
+        wait_until(lambda: gw.metric_value("quipu_replica_slots_in_use", model="colibri") == 1, 10,
+                   "B's slot released")
+        assert depth(gw) == 2
+        # B's next request takes the kept slot at once.
+        again = Held(gw, b, text=SHORT)
+        again.read_until(b"data: [DONE]")
+        assert gw.metric_value("quipu_dispatches_total", placement="returned") == returned + 1
+        assert depth(gw) == 2
+        # B does not come back this time: when the hold lapses, A's oldest request gets the slot.
+        again.close()
+        wait_until(lambda: depth(gw) == 1, 10, "the lapsed hold's slot given to A's backlog")
+        close_all(sim, gw, running[:1] + backlog + [again])
+    finally:
+        gw.stop()
+        sim.stop()
