@@ -237,28 +237,67 @@ pub struct ExactDecimal {
     min_digits: usize,
 }
 
-impl fmt::Display for ExactDecimal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+/// Twelve zeros: the leading zeros of a fraction, sliced.
+const ZEROS: &str = "000000000000";
+
+/// An [`ExactDecimal`]'s digits, formatted ([`ExactDecimal::parts`]).
+struct Digits {
+    whole: itoa::Buffer,
+    frac: itoa::Buffer,
+}
+
+impl ExactDecimal {
+    /// The text in pieces (sign, whole part, point, the fraction's leading zeros, its other
+    /// digits), formatted into `d` without the formatting machinery: this runs for every
+    /// answer (its `usage.cost`) and every access-log line, so it takes 64-bit divisions
+    /// whenever the amount fits (every real one does) and copies its digits directly.
+    fn parts(self, d: &mut Digits) -> [&str; 5] {
         let v = self.pen.0;
-        if v < 0 {
-            f.write_str("-")?;
-        }
         let abs = v.unsigned_abs();
-        let whole = abs / SCALE as u128;
-        // Below 10^12, so it fits a u64 and formats without 128-bit divisions.
-        let mut frac = (abs % SCALE as u128) as u64;
+        let sign = if v < 0 { "-" } else { "" };
+        // The fraction is below 10^12, so it fits a u64.
+        let (whole, mut frac) = match u64::try_from(abs) {
+            Ok(a) => (d.whole.format(a / SCALE as u64), a % SCALE as u64),
+            Err(_) => (
+                d.whole.format(abs / SCALE as u128),
+                (abs % SCALE as u128) as u64,
+            ),
+        };
         // Fewest decimals, at least `min_digits`: drop trailing zeros of the 12-digit fraction.
         let mut digits = SCALE_DIGITS as usize;
         while digits > self.min_digits && frac % 10 == 0 {
             frac /= 10;
             digits -= 1;
         }
-        match u64::try_from(whole) {
-            Ok(w) => write!(f, "{w}")?,
-            Err(_) => write!(f, "{whole}")?,
+        if digits == 0 {
+            return [sign, whole, "", "", ""];
         }
-        if digits > 0 {
-            write!(f, ".{frac:0digits$}")?;
+        let frac = d.frac.format(frac);
+        let zeros = ZEROS.get(..digits.saturating_sub(frac.len())).unwrap_or("");
+        [sign, whole, ".", zeros, frac]
+    }
+
+    /// Appends the text to `out` (what its `Display` writes, without a `String` or the
+    /// formatting machinery on the way).
+    pub fn write_to(self, out: &mut Vec<u8>) {
+        let mut d = Digits {
+            whole: itoa::Buffer::new(),
+            frac: itoa::Buffer::new(),
+        };
+        for part in self.parts(&mut d) {
+            out.extend_from_slice(part.as_bytes());
+        }
+    }
+}
+
+impl fmt::Display for ExactDecimal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = Digits {
+            whole: itoa::Buffer::new(),
+            frac: itoa::Buffer::new(),
+        };
+        for part in self.parts(&mut d) {
+            f.write_str(part)?;
         }
         Ok(())
     }
@@ -268,7 +307,11 @@ impl serde::Serialize for ExactDecimal {
     /// A JSON number written as is (an exact decimal is not an `f64`): through a raw value,
     /// one small allocation, for the few amounts an answer carries.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let raw = serde_json::value::RawValue::from_string(self.to_string())
+        let mut d = Digits {
+            whole: itoa::Buffer::new(),
+            frac: itoa::Buffer::new(),
+        };
+        let raw = serde_json::value::RawValue::from_string(self.parts(&mut d).concat())
             .map_err(serde::ser::Error::custom)?;
         raw.serialize(s)
     }
@@ -300,7 +343,12 @@ impl Rate {
     /// if it ever did it would saturate rather than wrap into a negative charge.
     pub fn cost(self, tokens: u64) -> Pen {
         // rate picos is a multiple of 10^6 (≤ 6 decimals of a sol), so this division is exact.
-        let per_token = self.0 .0 / 1_000_000;
+        // Every rate fits an i64 (MAX_RATE_SOLES is 10^18 picos): a 64-bit division, not a
+        // call to the 128-bit one, on every answer's cost and every settlement.
+        let per_token = match i64::try_from(self.0 .0) {
+            Ok(picos) => i128::from(picos / 1_000_000),
+            Err(_) => self.0 .0 / 1_000_000,
+        };
         Pen(i128::from(tokens)
             .checked_mul(per_token)
             .unwrap_or(i128::MAX))
@@ -449,5 +497,57 @@ mod tests {
         );
         let typed = serde_json::to_string(&[Pen::ZERO.json_number()]).unwrap();
         assert_eq!(typed, "[0]");
+    }
+
+    /// The formatting `ExactDecimal` had before it rendered its own digits: the reference.
+    fn formatted(v: i128, min_digits: usize) -> String {
+        let abs = v.unsigned_abs();
+        let whole = abs / SCALE as u128;
+        let mut frac = (abs % SCALE as u128) as u64;
+        let mut digits = SCALE_DIGITS as usize;
+        while digits > min_digits && frac % 10 == 0 {
+            frac /= 10;
+            digits -= 1;
+        }
+        let sign = if v < 0 { "-" } else { "" };
+        if digits > 0 {
+            format!("{sign}{whole}.{frac:0digits$}")
+        } else {
+            format!("{sign}{whole}")
+        }
+    }
+
+    #[test]
+    fn exact_decimals_render_every_range_as_the_formatter_did() {
+        let edges = [
+            0,
+            1,
+            -1,
+            9,
+            10,
+            SCALE - 1,
+            SCALE,
+            SCALE + 1,
+            -SCALE / 2,
+            123_456_789_012_345,
+            1_050_000,
+            i128::from(u64::MAX) - 1,
+            i128::from(u64::MAX),
+            i128::from(u64::MAX) + 1,
+            -i128::from(u64::MAX),
+            -i128::from(u64::MAX) - 1,
+            i128::MAX,
+            i128::MIN,
+            i128::MIN + 1,
+            i128::MAX / SCALE * SCALE,
+        ];
+        for v in edges {
+            let pen = Pen::from_picos(v);
+            assert_eq!(pen.json_number().to_string(), formatted(v, 0), "{v}");
+            assert_eq!(pen.to_decimal(), formatted(v, 2), "{v}");
+            let mut out = b"x".to_vec();
+            pen.json_number().write_to(&mut out);
+            assert_eq!(out, format!("x{}", formatted(v, 0)).into_bytes(), "{v}");
+        }
     }
 }
