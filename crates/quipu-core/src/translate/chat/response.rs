@@ -238,7 +238,7 @@ fn usage_edits(
         details.push(b'}');
         match spans.prompt_tokens_details.and_then(|d| range_of(src, d)) {
             // `null`, or an object without the count: replaced whole.
-            Some(value) => splice.replace(value, &details),
+            Some(value) => splice.replace_with(value, details),
             None => {
                 added.extend_from_slice(b",\"prompt_tokens_details\":");
                 added.extend_from_slice(&details);
@@ -250,7 +250,7 @@ fn usage_edits(
         (Some(cost), Some(value)) => {
             let mut number = Vec::with_capacity(24);
             cost.json_number().write_to(&mut number);
-            splice.replace(value, &number);
+            splice.replace_with(value, number);
         }
         (Some(cost), None) => {
             added.extend_from_slice(b",\"cost\":");
@@ -278,10 +278,12 @@ fn usage_edits(
     let Some(close) = body.iter().rposition(|&b| b == b'}') else {
         return;
     };
-    let empty = body[1..close].iter().all(u8::is_ascii_whitespace);
-    let members = if empty { &added[1..] } else { &added[..] };
+    if body[1..close].iter().all(u8::is_ascii_whitespace) {
+        // An empty object: the first member without its comma.
+        added.remove(0);
+    }
     let at = range.start + close;
-    splice.replace(at..at, members);
+    splice.replace_with(at..at, added);
 }
 
 /// Adds splice edits that expose reasoning under the configured field names.
@@ -405,7 +407,7 @@ fn completion_to_chat(
     let usage = parsed.map(|(u, _)| u).unwrap_or_default();
     let mut splice = Splice::default();
     if let Some(r) = spans.model.and_then(|m| range_of(upstream_body, m)) {
-        splice.replace(r, &slug_json(&ctx.slug));
+        splice.replace_with(r, slug_json(&ctx.slug));
     }
     if let Some(raw) = spans.usage {
         // An object that is not a usage (its counts unreadable) gets neither, only loses an
