@@ -304,15 +304,29 @@ impl fmt::Display for ExactDecimal {
 }
 
 impl serde::Serialize for ExactDecimal {
-    /// A JSON number written as is (an exact decimal is not an `f64`): through a raw value,
-    /// one small allocation, for the few amounts an answer carries.
+    /// A JSON number written as is (an exact decimal is not an `f64`): through a raw value
+    /// borrowed from a buffer on the stack, for the amounts an answer carries (its
+    /// `usage.cost`, on every answer).
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error;
         let mut d = Digits {
             whole: itoa::Buffer::new(),
             frac: itoa::Buffer::new(),
         };
-        let raw = serde_json::value::RawValue::from_string(self.parts(&mut d).concat())
-            .map_err(serde::ser::Error::custom)?;
+        // A sign, the 27 digits of the largest whole part, a point and 12 decimals fit.
+        let mut buf = [0u8; 48];
+        let mut len = 0;
+        for part in self.parts(&mut d) {
+            let end = len + part.len();
+            buf.get_mut(len..end)
+                .ok_or_else(|| S::Error::custom("an amount too long to write"))?
+                .copy_from_slice(part.as_bytes());
+            len = end;
+        }
+        let text =
+            std::str::from_utf8(buf.get(..len).unwrap_or_default()).map_err(S::Error::custom)?;
+        let raw: &serde_json::value::RawValue =
+            serde_json::from_str(text).map_err(S::Error::custom)?;
         raw.serialize(s)
     }
 }
