@@ -292,6 +292,13 @@ impl Fields<'_> {
         self
     }
 
+    /// An amount of money (`charge_pen`), written without the formatting machinery.
+    pub fn money(&mut self, key: &str, value: crate::money::ExactDecimal) -> &mut Self {
+        self.key(key);
+        value.write_to(self.0);
+        self
+    }
+
     /// Any other value, through its `Display`.
     pub fn display(&mut self, key: &str, value: impl std::fmt::Display) -> &mut Self {
         self.key(key);

@@ -37,6 +37,14 @@ pub struct CapHolder<'a> {
     pub tenant_rules: &'a TenantRules,
 }
 
+impl CapHolder<'_> {
+    /// Whether a cap is set on the key or its tenant (in force or not): if not, a request
+    /// has no caps to count and no period to place itself in.
+    pub fn has_caps(&self) -> bool {
+        self.rules.cap.is_some() || self.tenant_rules.monthly_cap.is_some()
+    }
+}
+
 /// The caps in force on a request of `holder` at `now_ms` (its key's, then its tenant's),
 /// each with the pool it reserves against.
 pub fn claims(
@@ -101,7 +109,7 @@ impl CapCache {
         holder: CapHolder<'_>,
         now_ms: i64,
     ) -> Result<Option<Arc<PreparedCaps>>, PeriodError> {
-        if holder.rules.cap.is_none() && holder.tenant_rules.monthly_cap.is_none() {
+        if !holder.has_caps() {
             return Ok(None);
         }
         if let Some(p) = self.0.load_full() {

@@ -146,20 +146,26 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
     rate_limit(gw, &caller).await?;
     let quote = policy::quote(req.prompt_size(), model.context_window, &model.prices);
     let p = &caller.principal;
-    let now = crate::billing::caps::period_clock_ms();
     let holder = crate::billing::caps::CapHolder {
         tenant: p.tenant_id,
         key_id: &p.key_id,
         rules: &p.rules,
         tenant_rules: &p.tenant_rules,
     };
-    let prepared = caller.caps.get(holder, now).map_err(|e| {
-        log::error!(
-            "the cap periods of tenant {} cannot be counted: {e}",
-            p.tenant_name
-        );
-        Failure::new(Outcome::InternalError, super::internal_error())
-    })?;
+    // The clock is read only for a request with caps to count (most have none).
+    let now = holder
+        .has_caps()
+        .then(crate::billing::caps::period_clock_ms);
+    let prepared = match now {
+        Some(now) => caller.caps.get(holder, now).map_err(|e| {
+            log::error!(
+                "the cap periods of tenant {} cannot be counted: {e}",
+                p.tenant_name
+            );
+            Failure::new(Outcome::InternalError, super::internal_error())
+        })?,
+        None => None,
+    };
     let claims = prepared.as_ref().map_or(&[][..], |c| &c.claims[..]);
     match gw
         .accounts
@@ -185,7 +191,7 @@ async fn admit(gw: &Gateway, ctx: &mut RequestCtx, req: &UpstreamRequest) -> Res
             let found = prepared
                 .as_ref()
                 .and_then(|c| Some((c.actives.get(index)?, c.claims.get(index)?)));
-            let Some((active, claim)) = found else {
+            let (Some((active, claim)), Some(now)) = (found, now) else {
                 return Err(Failure::new(
                     Outcome::InternalError,
                     super::internal_error(),

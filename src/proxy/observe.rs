@@ -94,7 +94,7 @@ fn access_log(gw: &Gateway, ctx: &RequestCtx, error: &str, elapsed: std::time::D
             .num("in", u.prompt_tokens)
             .num("cached", u.cached())
             .num("out", u.completion_tokens)
-            .display("charge_pen", ctx.charged.decimal())
+            .money("charge_pen", ctx.charged.decimal())
             .millis("latency_ms", Some(elapsed))
             .millis("ttft_ms", ctx.upstream.ttft)
             .millis(

@@ -237,39 +237,99 @@ pub struct ExactDecimal {
     min_digits: usize,
 }
 
+/// Room for an [`ExactDecimal`]'s text: a sign and the 27 digits of the largest whole part
+/// before the point ([`POINT`]), then [`SCALE_DIGITS`] decimals.
+const TEXT_MAX: usize = POINT + 1 + SCALE_DIGITS as usize;
+const POINT: usize = 1 + 27;
+
+impl ExactDecimal {
+    /// The text, written into `buf` from its last digit without the formatting machinery:
+    /// this runs for every answer (its `usage.cost`) and every access-log line, so it takes
+    /// 64-bit divisions whenever the amount fits (every real one does) and copies nothing.
+    fn render(self, buf: &mut [u8; TEXT_MAX]) -> &[u8] {
+        let v = self.pen.0;
+        let abs = v.unsigned_abs();
+        // The fraction is below 10^12, so it fits a u64.
+        let (whole, mut frac) = match u64::try_from(abs) {
+            Ok(a) => (Whole::Small(a / SCALE as u64), a % SCALE as u64),
+            Err(_) => (
+                Whole::Large(abs / SCALE as u128),
+                (abs % SCALE as u128) as u64,
+            ),
+        };
+        // The 12 decimals after the point, then the fewest of them, at least `min_digits`:
+        // trailing zeros dropped.
+        for slot in buf[POINT + 1..].iter_mut().rev() {
+            *slot = b'0' + (frac % 10) as u8;
+            frac /= 10;
+        }
+        let mut end = TEXT_MAX;
+        while end - (POINT + 1) > self.min_digits && buf[end - 1] == b'0' {
+            end -= 1;
+        }
+        if end == POINT + 1 {
+            end = POINT; // no decimals: no point
+        } else {
+            buf[POINT] = b'.';
+        }
+        let mut start = POINT;
+        match whole {
+            Whole::Small(mut w) => loop {
+                start -= 1;
+                buf[start] = b'0' + (w % 10) as u8;
+                w /= 10;
+                if w == 0 {
+                    break;
+                }
+            },
+            Whole::Large(mut w) => loop {
+                start -= 1;
+                buf[start] = b'0' + (w % 10) as u8;
+                w /= 10;
+                if w == 0 {
+                    break;
+                }
+            },
+        }
+        if v < 0 {
+            start -= 1;
+            buf[start] = b'-';
+        }
+        &buf[start..end]
+    }
+
+    /// Appends the text to `out` (what its `Display` writes, without a `String` or the
+    /// formatting machinery on the way).
+    pub fn write_to(self, out: &mut Vec<u8>) {
+        let mut buf = [0; TEXT_MAX];
+        out.extend_from_slice(self.render(&mut buf));
+    }
+}
+
+/// A whole part of soles: a u64 for any real amount, else the rare 128-bit one.
+enum Whole {
+    Small(u64),
+    Large(u128),
+}
+
 impl fmt::Display for ExactDecimal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v = self.pen.0;
-        if v < 0 {
-            f.write_str("-")?;
-        }
-        let abs = v.unsigned_abs();
-        let whole = abs / SCALE as u128;
-        // Below 10^12, so it fits a u64 and formats without 128-bit divisions.
-        let mut frac = (abs % SCALE as u128) as u64;
-        // Fewest decimals, at least `min_digits`: drop trailing zeros of the 12-digit fraction.
-        let mut digits = SCALE_DIGITS as usize;
-        while digits > self.min_digits && frac % 10 == 0 {
-            frac /= 10;
-            digits -= 1;
-        }
-        match u64::try_from(whole) {
-            Ok(w) => write!(f, "{w}")?,
-            Err(_) => write!(f, "{whole}")?,
-        }
-        if digits > 0 {
-            write!(f, ".{frac:0digits$}")?;
-        }
-        Ok(())
+        let mut buf = [0; TEXT_MAX];
+        // ASCII digits, a sign and a point: always UTF-8.
+        f.write_str(std::str::from_utf8(self.render(&mut buf)).map_err(|_| fmt::Error)?)
     }
 }
 
 impl serde::Serialize for ExactDecimal {
-    /// A JSON number written as is (an exact decimal is not an `f64`): through a raw value,
-    /// one small allocation, for the few amounts an answer carries.
+    /// A JSON number written as is (an exact decimal is not an `f64`): through a raw value
+    /// borrowed from a buffer on the stack, for the amounts an answer carries (its
+    /// `usage.cost`, on every answer).
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let raw = serde_json::value::RawValue::from_string(self.to_string())
-            .map_err(serde::ser::Error::custom)?;
+        use serde::ser::Error;
+        let mut buf = [0; TEXT_MAX];
+        let text = std::str::from_utf8(self.render(&mut buf)).map_err(S::Error::custom)?;
+        let raw: &serde_json::value::RawValue =
+            serde_json::from_str(text).map_err(S::Error::custom)?;
         raw.serialize(s)
     }
 }
@@ -300,7 +360,12 @@ impl Rate {
     /// if it ever did it would saturate rather than wrap into a negative charge.
     pub fn cost(self, tokens: u64) -> Pen {
         // rate picos is a multiple of 10^6 (≤ 6 decimals of a sol), so this division is exact.
-        let per_token = self.0 .0 / 1_000_000;
+        // Every rate fits an i64 (MAX_RATE_SOLES is 10^18 picos): a 64-bit division, not a
+        // call to the 128-bit one, on every answer's cost and every settlement.
+        let per_token = match i64::try_from(self.0 .0) {
+            Ok(picos) => i128::from(picos / 1_000_000),
+            Err(_) => self.0 .0 / 1_000_000,
+        };
         Pen(i128::from(tokens)
             .checked_mul(per_token)
             .unwrap_or(i128::MAX))
@@ -449,5 +514,57 @@ mod tests {
         );
         let typed = serde_json::to_string(&[Pen::ZERO.json_number()]).unwrap();
         assert_eq!(typed, "[0]");
+    }
+
+    /// The formatting `ExactDecimal` had before it rendered its own digits: the reference.
+    fn formatted(v: i128, min_digits: usize) -> String {
+        let abs = v.unsigned_abs();
+        let whole = abs / SCALE as u128;
+        let mut frac = (abs % SCALE as u128) as u64;
+        let mut digits = SCALE_DIGITS as usize;
+        while digits > min_digits && frac % 10 == 0 {
+            frac /= 10;
+            digits -= 1;
+        }
+        let sign = if v < 0 { "-" } else { "" };
+        if digits > 0 {
+            format!("{sign}{whole}.{frac:0digits$}")
+        } else {
+            format!("{sign}{whole}")
+        }
+    }
+
+    #[test]
+    fn exact_decimals_render_every_range_as_the_formatter_did() {
+        let edges = [
+            0,
+            1,
+            -1,
+            9,
+            10,
+            SCALE - 1,
+            SCALE,
+            SCALE + 1,
+            -SCALE / 2,
+            123_456_789_012_345,
+            1_050_000,
+            i128::from(u64::MAX) - 1,
+            i128::from(u64::MAX),
+            i128::from(u64::MAX) + 1,
+            -i128::from(u64::MAX),
+            -i128::from(u64::MAX) - 1,
+            i128::MAX,
+            i128::MIN,
+            i128::MIN + 1,
+            i128::MAX / SCALE * SCALE,
+        ];
+        for v in edges {
+            let pen = Pen::from_picos(v);
+            assert_eq!(pen.json_number().to_string(), formatted(v, 0), "{v}");
+            assert_eq!(pen.to_decimal(), formatted(v, 2), "{v}");
+            let mut out = b"x".to_vec();
+            pen.json_number().write_to(&mut out);
+            assert_eq!(out, format!("x{}", formatted(v, 0)).into_bytes(), "{v}");
+        }
     }
 }

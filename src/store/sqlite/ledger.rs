@@ -223,12 +223,14 @@ impl LedgerStore for SqliteStore {
         if rows.is_empty() {
             return Ok(Recorded::default());
         }
-        let rows = rows
-            .iter()
-            .map(check_row)
-            .collect::<StoreResult<Vec<_>>>()?;
+        // Sized once: collected through a `Result` the vector would grow by doubling, copying
+        // the rows (a few hundred bytes each) over and over, on every batch.
+        let mut checked = Vec::with_capacity(rows.len());
+        for row in rows {
+            checked.push(check_row(row)?);
+        }
         let replica = replica.to_owned();
-        self.run(move |conn| record(conn, replica, rows)).await
+        self.run(move |conn| record(conn, replica, checked)).await
     }
 
     async fn reject(&self, row: &LedgerRow, reason: &str) -> StoreResult<()> {

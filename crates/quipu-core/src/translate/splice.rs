@@ -99,6 +99,11 @@ impl Splice {
         self.edits.push((range, with.to_vec()));
     }
 
+    /// [`Splice::replace`] with bytes built for it: moved in, not copied.
+    pub fn replace_with(&mut self, range: Range<usize>, with: Vec<u8>) {
+        self.edits.push((range, with));
+    }
+
     /// Appends `src` with the edits applied to `out`.
     pub fn apply(&mut self, src: &[u8], out: &mut Vec<u8>) {
         self.edits.sort_by_key(|(r, _)| (r.start, r.end));

@@ -26,7 +26,9 @@ use crate::config::ReasoningField;
 use crate::error::{write_json_str, ApiError, ClientFormat};
 use crate::money::Pen;
 use crate::sse::{write_data_frame, DONE_FRAME};
-use crate::usage::{UpstreamTimings, UpstreamUsage, Usage};
+use crate::usage::{
+    CompletionTokensDetails, PromptTokensDetails, UpstreamTimings, UpstreamUsage, Usage,
+};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -143,6 +145,63 @@ struct UsageSpans<'a> {
     cost: Option<&'a RawValue>,
 }
 
+/// [`UsageSpans`] of a usage object; `None` if it is not an object of them.
+fn usage_spans(usage: &RawValue) -> Option<UsageSpans<'_>> {
+    serde_json::from_str(usage.get()).ok()
+}
+
+/// A usage object in one pass: [`UpstreamUsage`]'s members and [`UsageSpans`]' together,
+/// `prompt_tokens_details` as a span (read into its count afterwards, a few bytes).
+#[derive(Deserialize)]
+struct UsageMembers<'a> {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    prompt_tokens_details: Option<&'a RawValue>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionTokensDetails>,
+    #[serde(borrow, default, deserialize_with = "present_raw")]
+    cost: Option<&'a RawValue>,
+}
+
+/// A completion's usage object, read once for both its uses: [`parse_usage`]'s counts and
+/// [`usage_spans`]' spans. The one pass is taken only when it reads exactly what the two
+/// would (it reads their members with their types, so it succeeds only where both do); any
+/// other object (`null`, a duplicated member, a malformed count) is read by the two, as
+/// before.
+fn read_usage<'a>(
+    raw: &'a RawValue,
+    timings: Option<&UpstreamTimings>,
+) -> (Option<(Usage, bool)>, Option<UsageSpans<'a>>) {
+    if raw.get() != "null" {
+        if let Ok(m) = serde_json::from_str::<UsageMembers<'a>>(raw.get()) {
+            let details = match m.prompt_tokens_details {
+                None => Ok(None),
+                Some(d) => serde_json::from_str::<Option<PromptTokensDetails>>(d.get()),
+            };
+            if let Ok(prompt_tokens_details) = details {
+                let u = UpstreamUsage {
+                    prompt_tokens: m.prompt_tokens,
+                    completion_tokens: m.completion_tokens,
+                    prompt_tokens_details,
+                    completion_tokens_details: m.completion_tokens_details,
+                };
+                let spans = UsageSpans {
+                    prompt_tokens_details: m.prompt_tokens_details,
+                    cost: m.cost,
+                };
+                return (
+                    Some((u.to_usage(timings), u.reports_cached_tokens())),
+                    Some(spans),
+                );
+            }
+        }
+    }
+    (parse_usage(Some(raw), timings), usage_spans(raw))
+}
+
 /// The edits of a usage object the client sees (docs/design.md, usage semantics):
 ///
 /// - `prompt_tokens_details.cached_tokens`, which a chat answer from Quipu always has, when
@@ -154,10 +213,12 @@ struct UsageSpans<'a> {
 ///   upstream may have written (its money is not the tenant's); when not, such a `cost` is
 ///   removed.
 ///
-/// The rest of the object is relayed byte for byte; members are added at its end.
+/// The rest of the object is relayed byte for byte; members are added at its end. `spans`
+/// are the object's ([`usage_spans`]); none, no edit.
 fn usage_edits(
     src: &[u8],
     usage: &RawValue,
+    spans: Option<UsageSpans<'_>>,
     details: Option<u64>,
     cost: Option<Pen>,
     splice: &mut Splice,
@@ -165,11 +226,11 @@ fn usage_edits(
     let Some(range) = range_of(src, usage) else {
         return;
     };
-    let Ok(spans) = serde_json::from_str::<UsageSpans>(usage.get()) else {
+    let Some(spans) = spans else {
         return;
     };
     // Members added at the end of the object, each with its leading comma.
-    let mut added = Vec::new();
+    let mut added = Vec::with_capacity(64);
     if let Some(cached) = details {
         let mut details = Vec::with_capacity(40);
         details.extend_from_slice(b"{\"cached_tokens\":");
@@ -177,7 +238,7 @@ fn usage_edits(
         details.push(b'}');
         match spans.prompt_tokens_details.and_then(|d| range_of(src, d)) {
             // `null`, or an object without the count: replaced whole.
-            Some(value) => splice.replace(value, &details),
+            Some(value) => splice.replace_with(value, details),
             None => {
                 added.extend_from_slice(b",\"prompt_tokens_details\":");
                 added.extend_from_slice(&details);
@@ -187,11 +248,13 @@ fn usage_edits(
     let upstream_cost = spans.cost.and_then(|c| range_of(src, c));
     match (cost, upstream_cost) {
         (Some(cost), Some(value)) => {
-            splice.replace(value, cost.json_number().to_string().as_bytes());
+            let mut number = Vec::with_capacity(24);
+            cost.json_number().write_to(&mut number);
+            splice.replace_with(value, number);
         }
         (Some(cost), None) => {
             added.extend_from_slice(b",\"cost\":");
-            added.extend_from_slice(cost.json_number().to_string().as_bytes());
+            cost.json_number().write_to(&mut added);
         }
         // Removed: in its place the members to add, if any (an object it was alone in stays
         // valid JSON), else with its comma.
@@ -215,10 +278,12 @@ fn usage_edits(
     let Some(close) = body.iter().rposition(|&b| b == b'}') else {
         return;
     };
-    let empty = body[1..close].iter().all(u8::is_ascii_whitespace);
-    let members = if empty { &added[1..] } else { &added[..] };
+    if body[1..close].iter().all(u8::is_ascii_whitespace) {
+        // An empty object: the first member without its comma.
+        added.remove(0);
+    }
     let at = range.start + close;
-    splice.replace(at..at, members);
+    splice.replace_with(at..at, added);
 }
 
 /// Adds splice edits that expose reasoning under the configured field names.
@@ -336,11 +401,13 @@ fn completion_to_chat(
         .choices
         .as_ref()
         .ok_or_else(|| malformed_stream("a completion without choices"))?;
-    let parsed = parse_usage(spans.usage, spans.timings.as_ref());
+    let (parsed, usage_spans) = spans
+        .usage
+        .map_or((None, None), |raw| read_usage(raw, spans.timings.as_ref()));
     let usage = parsed.map(|(u, _)| u).unwrap_or_default();
     let mut splice = Splice::default();
     if let Some(r) = spans.model.and_then(|m| range_of(upstream_body, m)) {
-        splice.replace(r, &slug_json(&ctx.slug));
+        splice.replace_with(r, slug_json(&ctx.slug));
     }
     if let Some(raw) = spans.usage {
         // An object that is not a usage (its counts unreadable) gets neither, only loses an
@@ -349,7 +416,7 @@ fn completion_to_chat(
             let details = (!cached).then(|| billed.cached());
             (details, Some(ctx.charging.cost(billed)))
         });
-        usage_edits(upstream_body, raw, details, cost, &mut splice);
+        usage_edits(upstream_body, raw, usage_spans, details, cost, &mut splice);
     }
     for c in choices {
         if let Some(m) = &c.message {
@@ -494,7 +561,8 @@ impl ChatWriter {
                     parsed.and_then(|(billed, cached)| (!cached).then(|| billed.cached()));
                 let cost = (parsed.is_some() && core.finished())
                     .then(|| core.metered.bill(&self.ctx.charging).cost);
-                usage_edits(data, raw, details, cost, &mut self.splice);
+                let spans = usage_spans(raw);
+                usage_edits(data, raw, spans, details, cost, &mut self.splice);
             }
             if spans.choices.is_none() {
                 empty_choices(data, &mut self.splice);
@@ -546,5 +614,49 @@ impl ChatWriter {
         }
         write_data_frame(out, &self.scratch);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-pass read of a completion's usage gives what the two separate reads give, on
+    /// the objects it reads itself and on those it leaves to them.
+    #[test]
+    fn a_usage_read_once_reads_as_the_two_reads() {
+        let objects = [
+            r#"{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28,"prompt_tokens_details":{"cached_tokens":4}}"#,
+            r#"{"prompt_tokens":12,"completion_tokens":16}"#,
+            r#"{"prompt_tokens":12,"completion_tokens":16,"prompt_tokens_details":null,"cost":0.5}"#,
+            r#"{"prompt_tokens":12,"prompt_tokens_details":{},"completion_tokens_details":{"reasoning_tokens":3}}"#,
+            r#"{"prompt_tokens":12,"cost":1,"cost":2}"#,
+            r#"{"prompt_tokens":12,"prompt_tokens_details":7,"cost":1}"#,
+            r#"{"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":"x"}}"#,
+            r#"{"prompt_tokens":"12","cost":1}"#,
+            r#"{"prompt_tokens":12,"completion_tokens_details":[]}"#,
+            r#"{"prompt_tokens":1,"prompt_tokens":2}"#,
+            r#"{}"#,
+            "null",
+            "[]",
+            "3",
+        ];
+        let timings: UpstreamTimings = serde_json::from_str(r#"{"cache_n":5}"#).unwrap();
+        for text in objects {
+            let raw: &RawValue = serde_json::from_str(text).unwrap();
+            for timings in [None, Some(&timings)] {
+                let (parsed, spans) = read_usage(raw, timings);
+                assert_eq!(parsed, parse_usage(Some(raw), timings), "{text}");
+                let texts = |s: Option<UsageSpans<'_>>| {
+                    s.map(|s| {
+                        (
+                            s.prompt_tokens_details.map(|r| r.get().to_owned()),
+                            s.cost.map(|r| r.get().to_owned()),
+                        )
+                    })
+                };
+                assert_eq!(texts(spans), texts(usage_spans(raw)), "{text}");
+            }
+        }
     }
 }

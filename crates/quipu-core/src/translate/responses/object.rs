@@ -24,7 +24,6 @@ use super::{ResponsesContext, REASONING_PREFIX};
 use crate::error::{json_inner, write_json_str, ApiError, ErrorKind};
 use crate::money::Pen;
 use crate::usage::Usage;
-use std::io::Write as _;
 
 /// Where a response ended up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,8 +124,7 @@ pub fn write_usage(out: &mut Vec<u8>, t: &Totals) {
     out.extend_from_slice(b"},\"total_tokens\":");
     out.extend_from_slice(n.format(t.usage.total()).as_bytes());
     out.extend_from_slice(b",\"cost\":");
-    // Writing into a `Vec` cannot fail.
-    let _ = write!(out, "{}", t.cost.json_number());
+    t.cost.json_number().write_to(out);
     out.push(b'}');
 }
 
