@@ -15,11 +15,15 @@ engine:
 - `direct`: both talk to the engine;
 - `quipu (no max_concurrency)`: through Quipu as it forwards without a queue (the before);
 - `quipu (max_concurrency = 8)`: through one Quipu whose queue holds the backlog;
-- `2 quipus (max_concurrency = 8)`: through two Quipu replicas in front of the same engine (A's
-  streams split between them, B alternating), each reading the engine's own gauges.
+- `2 quipus, B alternating`: through two Quipu replicas in front of the same engine (A's
+  streams split between them, B alternating per request), each reading the engine's own gauges;
+- `2 quipus, B on one gateway`: the same, B's requests all through one of them (a client that
+  keeps its connection, behind a TCP balancer).
 
 Reported per scenario: B's time to first token (p50, p99), the engine's slot utilization (busy
-slot-seconds over 8 × the window, from the simulator), and A's completed streams per second.
+slot-seconds over 8 × the window, from the simulator), A's completed streams per second, and
+A's and B's together (what the engine finished: a queue that wastes nothing keeps it; A alone
+must lose what B gains). `--dry` prints without recording in docs/benchmarks-fairness.md.
 With `--weights`: two tenants of weights 1 and 3, each keeping 32 streams going through one
 Quipu; the ratio of their output tokens over the window.
 """
