@@ -1,12 +1,14 @@
 //! Writing to the store in batches, off the request path: what the ledger writer
 //! (`billing::ledger`) and the stored-responses writer (`proxy::responses`) share.
 //!
-//! Producers [`BatchQueue::push`] without blocking and without waking another thread: a plain
-//! vector under a mutex (tens of nanoseconds, measured against a channel, whose send wakes the
-//! writer's thread once per item). Every interval the writer ([`run`]) takes what queued, hands
-//! it to its [`Sink`] in batches of at most N, in the order pushed, and counts what is owed:
-//! an item is owed from its push until the batch holding it has been handed on
-//! ([`BatchQueue::owed`]). One store transaction per batch turns a transaction per item into
+//! Producers [`BatchQueue::push`] without blocking: a plain vector under a mutex (tens of
+//! nanoseconds, measured against a channel, whose send wakes the writer's thread once per
+//! item). Only an item that lands in an empty queue wakes the writer ([`run`]); it then waits
+//! out the rest of the interval since its last pass, takes what queued, hands it to its
+//! [`Sink`] in batches of at most N, in the order pushed, and counts what is owed: an item is
+//! owed from its push until the batch holding it has been handed on ([`BatchQueue::owed`]).
+//! An idle writer never wakes (a timer that ticked every interval cost an idle gateway a
+//! wake-up every 10 ms). One store transaction per batch turns a transaction per item into
 //! one per interval under load; items pushed while a batch is being written wait for the next
 //! pass.
 //!
@@ -19,7 +21,7 @@ use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// Items waiting for a writer.
 pub struct BatchQueue<T> {
@@ -28,6 +30,8 @@ pub struct BatchQueue<T> {
     /// up under the queue's lock (so the writer never takes an item before it is counted),
     /// down by the writer once the batch holding it is written.
     owed: AtomicUsize,
+    /// Wakes the writer when an item lands in an empty queue: once a pass, not once an item.
+    queued: Notify,
 }
 
 impl<T> Default for BatchQueue<T> {
@@ -35,16 +39,24 @@ impl<T> Default for BatchQueue<T> {
         BatchQueue {
             items: Mutex::new(Vec::new()),
             owed: AtomicUsize::new(0),
+            queued: Notify::new(),
         }
     }
 }
 
 impl<T> BatchQueue<T> {
-    /// Queues an item; never blocks for longer than another push, wakes nobody.
+    /// Queues an item; never blocks for longer than another push. Only the first item of a
+    /// pass wakes the writer.
     pub fn push(&self, item: T) {
-        let mut items = self.items.lock();
-        items.push(item);
-        self.owed.fetch_add(1, Ordering::Relaxed);
+        let first = {
+            let mut items = self.items.lock();
+            items.push(item);
+            self.owed.fetch_add(1, Ordering::Relaxed);
+            items.len() == 1
+        };
+        if first {
+            self.queued.notify_one();
+        }
     }
 
     /// Items not yet handed on: queued, or taken by the writer and being written. One atomic
@@ -75,7 +87,8 @@ pub trait Sink<T>: Sync {
     fn paid(&self, _owed: usize) {}
 }
 
-/// Writes what `queue` holds every `interval`, in batches of at most `max_batch` items, until
+/// Writes what `queue` holds, at most once every `interval` and not at all while it is empty
+/// (an idle writer never wakes), in batches of at most `max_batch` items, until
 /// `stop` turns true (or its sender is dropped); then writes what is still queued (items pushed
 /// by requests still finishing after the signal land in that last pass) and returns. With no
 /// `stop`, runs for good.
@@ -86,24 +99,33 @@ pub async fn run<T: Send, S: Sink<T>>(
     max_batch: usize,
     stop: Option<watch::Receiver<bool>>,
 ) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stop = stop;
+    let mut last = tokio::time::Instant::now();
     loop {
-        let stopping = match stop.as_mut() {
-            Some(stop) => tokio::select! {
-                _ = tick.tick() => false,
-                _ = stop.wait_for(|s| *s) => true,
-            },
-            None => {
-                tick.tick().await;
-                false
-            }
-        };
+        // Asleep while nothing is queued; then at most one pass per interval.
+        let mut stopping = until_stop(queue.queued.notified(), &mut stop).await;
+        if !stopping {
+            stopping = until_stop(tokio::time::sleep_until(last + interval), &mut stop).await;
+        }
+        last = tokio::time::Instant::now();
         drain(queue, sink, max_batch).await;
         if stopping {
             drain(queue, sink, max_batch).await;
             return;
+        }
+    }
+}
+
+/// Awaits `f`; whether `stop` turned true (or its sender went away) first.
+async fn until_stop(f: impl Future<Output = ()>, stop: &mut Option<watch::Receiver<bool>>) -> bool {
+    match stop.as_mut() {
+        Some(stop) => tokio::select! {
+            _ = f => false,
+            _ = stop.wait_for(|s| *s) => true,
+        },
+        None => {
+            f.await;
+            false
         }
     }
 }
@@ -136,6 +158,7 @@ mod tests {
         batches: Mutex<Vec<Vec<u32>>>,
         during: Mutex<Vec<u32>>,
         owed_while_writing: Mutex<Vec<usize>>,
+        passes: AtomicUsize,
     }
 
     impl Sink<u32> for Recorder {
@@ -145,6 +168,10 @@ mod tests {
             }
             self.owed_while_writing.lock().push(self.queue.owed());
             self.batches.lock().push(batch);
+        }
+
+        fn taken(&self, _taken: usize, _owed: usize) {
+            self.passes.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -225,5 +252,31 @@ mod tests {
         tx.send(true).unwrap();
         writer.await.unwrap();
         assert_eq!(sink.batches.lock().concat(), [0, 1, 2, 3, 4, 5]);
+    }
+
+    /// On a paused clock: an hour of intervals with nothing queued passes without the writer
+    /// waking; the next item is written at once, the one after within an interval.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_writer_sleeps_until_something_is_queued() {
+        let queue = Arc::new(BatchQueue::default());
+        let sink = Arc::new(recorder(&queue, vec![]));
+        let writer = tokio::spawn({
+            let (queue, sink) = (Arc::clone(&queue), Arc::clone(&sink));
+            async move { run(&queue, &*sink, Duration::from_millis(10), 100, None).await }
+        });
+        queue.push(0);
+        until_written(&sink, 1).await;
+        let passes = sink.passes.load(Ordering::Relaxed);
+        for _ in 0..360 {
+            tokio::time::advance(Duration::from_secs(10)).await;
+        }
+        assert_eq!(sink.passes.load(Ordering::Relaxed), passes);
+        let before = tokio::time::Instant::now();
+        queue.push(1);
+        queue.push(2);
+        until_written(&sink, 3).await;
+        assert!(before.elapsed() <= Duration::from_millis(10));
+        assert_eq!(sink.batches.lock().concat(), [0, 1, 2]);
+        writer.abort();
     }
 }
