@@ -25,7 +25,9 @@
 //!   only at the next report, when it is taken again. With the guarantee, the others'
 //!   requests wait in the engine's queue for at most one sequence, the report's `waiting`
 //!   stops the gateways above their share, and each keeps what it then holds while it has
-//!   work: a slot its own request frees is its own to refill.
+//!   work: a slot its own request frees is its own to refill. Lapsed holds count as in use
+//!   until the next report, and ghosts as this gateway's own for the guarantee (see the
+//!   scheduler's `hold` module).
 //! - **A cap and no fresh report**: this gateway runs at most its share of `cap`:
 //!   `cap / gateways`, the remainder going to the lowest ordinals, so the shares add up to
 //!   exactly `cap` — but at least 1, so that no gateway is shut out of a replica with fewer
@@ -114,6 +116,21 @@ pub struct Report {
     pub added: u32,
     /// This gateway's requests there, dispatched before `at`, that ended since.
     pub removed: u32,
+    /// Holds this gateway let lapse there since `at`: another gateway may have given the slot
+    /// to the tenant it was held for, so it counts as in use until the next report says.
+    pub lapsed: u32,
+}
+
+impl Report {
+    /// The engine's load now, as far as this gateway knows: the report, with this gateway's
+    /// changes since and its lapsed holds counted in.
+    pub fn engine_estimate(&self) -> u32 {
+        (self.load.running)
+            .saturating_add(self.load.waiting)
+            .saturating_add(self.added)
+            .saturating_add(self.lapsed)
+            .saturating_sub(self.removed)
+    }
 }
 
 /// The slot state of one replica.
@@ -127,6 +144,10 @@ pub struct ReplicaSlots {
     /// change while the engine runs).
     pub engine_slots: Option<u32>,
     pub report: Option<Report>,
+    /// Slots this gateway held for a tenant that went on through another gateway (a hold
+    /// that lapsed while the engine stayed full): counted as this gateway's own for its
+    /// guaranteed share, so it does not claim them back from under that tenant.
+    pub ghosts: u32,
 }
 
 impl ReplicaSlots {
@@ -137,6 +158,7 @@ impl ReplicaSlots {
             local: 0,
             engine_slots: None,
             report: None,
+            ghosts: 0,
         }
     }
 
@@ -160,10 +182,7 @@ impl ReplicaSlots {
     ) -> Occupancy {
         let cap = self.cap();
         if let Some(r) = self.fresh_report(now, ttl) {
-            let engine = (r.load.running)
-                .saturating_add(r.load.waiting)
-                .saturating_add(r.added)
-                .saturating_sub(r.removed);
+            let engine = r.engine_estimate();
             let in_use = self.local.max(engine);
             let queue_full = r.load.waiting.saturating_sub(r.removed) > allowance;
             let limit = cap.map(|c| c.saturating_add(allowance));
@@ -177,8 +196,8 @@ impl ReplicaSlots {
                 _ => 0,
             };
             let free = match free {
-                Free::Slots(n) if self.local < guaranteed => {
-                    Free::Slots(n.max(guaranteed - self.local))
+                Free::Slots(n) if self.local + self.ghosts < guaranteed => {
+                    Free::Slots(n.max(guaranteed - self.local - self.ghosts))
                 }
                 other => other,
             };
@@ -215,10 +234,7 @@ impl ReplicaSlots {
         let (Some(cap), Some(r)) = (self.cap(), self.fresh_report(now, ttl)) else {
             return false;
         };
-        let engine = (r.load.running)
-            .saturating_add(r.load.waiting)
-            .saturating_add(r.added)
-            .saturating_sub(r.removed);
+        let engine = r.engine_estimate();
         r.load.waiting.saturating_sub(r.removed) <= allowance
             && engine.max(self.local) <= cap.saturating_add(allowance)
     }
@@ -233,7 +249,15 @@ impl ReplicaSlots {
             at: now,
             added: 0,
             removed: 0,
+            lapsed: 0,
         });
+    }
+
+    /// A hold on this replica lapsed at `now` (see [`Report::lapsed`]).
+    pub fn on_hold_lapsed(&mut self, now: Millis, ttl: Millis) {
+        if let Some(r) = self.report.as_mut().filter(|r| now.since(r.at) < ttl) {
+            r.lapsed = r.lapsed.saturating_add(1);
+        }
     }
 
     pub fn on_dispatch(&mut self) {

@@ -40,6 +40,9 @@ impl Scheduler {
     pub(super) fn settle(&mut self, now: Millis) -> Effects {
         let expired = self.expire(now);
         self.lapse_holds(now);
+        if !self.ghosts.is_empty() {
+            self.lay_ghosts(|g| g.until <= now);
+        }
         let age = self.config.batch_age_limit;
         while let Some(&key) = self.promotable.first() {
             if now.since(key.arrived) < age {
@@ -193,7 +196,7 @@ impl Scheduler {
     }
 
     /// Dispatches until no waiting request may use a free slot.
-    fn pump(&mut self, now: Millis) -> Vec<Dispatch> {
+    pub(super) fn pump(&mut self, now: Millis) -> Vec<Dispatch> {
         let mut out = Vec::new();
         while !self.queued.is_empty() {
             let rooms = self.rooms(now);

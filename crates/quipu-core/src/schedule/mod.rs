@@ -78,7 +78,7 @@ pub use types::*;
 
 use capacity::ReplicaSlots;
 use fair::{FairQueue, QKey};
-use hold::{Hold, Presence};
+use hold::{Ghost, Hold, Presence};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::num::NonZeroU32;
 
@@ -124,6 +124,8 @@ pub struct Scheduler {
     per_tenant: HashMap<TenantId, Presence>,
     /// Slots kept for a returning tenant ([`hold`]).
     holds: Vec<Hold>,
+    /// Lapsed holds whose tenant may have gone on through another gateway ([`hold`]).
+    ghosts: Vec<Ghost>,
     /// Per class: queued requests with exclusions.
     excluding: [usize; 2],
 }
@@ -175,6 +177,7 @@ impl Scheduler {
             affinity_pending: BTreeSet::new(),
             per_tenant: HashMap::new(),
             holds: Vec::new(),
+            ghosts: Vec::new(),
             excluding: [0; 2],
         })
     }
@@ -186,8 +189,19 @@ impl Scheduler {
     /// Offers a request: it starts now, waits, or is refused. `effects` are what else became
     /// due at `now` (timeouts, dispatches), as from [`Scheduler::tick`].
     pub fn enqueue(&mut self, ticket: Ticket, now: Millis) -> Enqueued {
-        let effects = self.settle(now);
+        let mut effects = self.settle(now);
+        // Its tenant is back here with nothing queued: the slots kept for it as ghosts are
+        // this gateway's to fill again, this ticket first.
+        let back = self.ghosts.iter().any(|g| g.tenant == ticket.tenant)
+            && self.queued_for(ticket.tenant) == 0;
+        if back {
+            let tenant = ticket.tenant;
+            self.lay_ghosts(|g| g.tenant == tenant);
+        }
         let verdict = self.admit(ticket, now);
+        if back {
+            effects.dispatched.extend(self.pump(now));
+        }
         Enqueued { verdict, effects }
     }
 
@@ -229,6 +243,12 @@ impl Scheduler {
         if let Some(r) = self.replicas.get_mut(replica) {
             let slots = load.slots.filter(|&s| s > 0);
             r.set_report(EngineLoad { slots, ..load }, now);
+            let room = r
+                .cap()
+                .is_some_and(|c| load.running.saturating_add(load.waiting) < c);
+            if room && r.ghosts > 0 {
+                self.lay_ghosts(|g| g.replica == replica);
+            }
         }
         self.settle(now)
     }
@@ -272,6 +292,7 @@ impl Scheduler {
             due(self.promotable.first(), c.batch_age_limit),
             due(self.affinity_pending.first(), c.affinity_wait),
             self.holds.iter().map(|h| h.until).min(),
+            self.ghosts.iter().map(|g| g.until).min(),
         ]
         .into_iter()
         .chain(

@@ -952,3 +952,52 @@ fn a_tenant_below_its_share_may_wait_at_the_head_of_a_full_engines_queue() {
     dispatched(offer(&mut s, ticket(2, 1, 0)));
     assert_eq!(offer(&mut s, ticket(100, 2, 1)), Verdict::Queued);
 }
+
+#[test]
+fn with_several_gateways_a_lapsed_hold_keeps_its_slot_from_the_backlog_until_the_engine_says() {
+    // One of two gateways, on a 4-slot engine that reports itself: tenant 1 runs one request
+    // here with three waiting, tenant 2 one; the other gateway runs the other two.
+    let mut s = sched(&[Some(4)]);
+    let two = Gateways {
+        count: 2,
+        ordinal: 0,
+    };
+    assert!(s.set_gateways(two, Millis(0)).is_empty());
+    dispatched(offer(&mut s, ticket(1, 1, 0)));
+    dispatched(offer(&mut s, ticket(100, 2, 0)));
+    let full = EngineLoad {
+        running: 4,
+        waiting: 0,
+        slots: None,
+    };
+    assert!(s.set_reported_load(0, full, Millis(1)).is_empty());
+    for id in 2..=4 {
+        assert_eq!(offer(&mut s, ticket(id, 1, 2)), Verdict::Queued);
+    }
+    // Tenant 2's request ends; its slot is held, and the hold lapses: tenant 2 may have come
+    // back through the other gateway and taken the slot, so the backlog does not get it...
+    assert!(release(&mut s, 100, 10).dispatched.is_empty());
+    assert!(s.tick(Millis(30)).is_empty());
+    // ...even when the engine reports itself full again (this gateway below its share).
+    assert!(s.set_reported_load(0, full, Millis(200)).is_empty());
+    // Tenant 2 comes back here: the slot is this gateway's again, and its request goes first.
+    let d = dispatched(offer(&mut s, ticket(101, 2, 300)));
+    assert_eq!(d.tenant, TenantId(2));
+    // Had it not come back, a report with room gives the slot to the backlog.
+    let mut s2 = sched(&[Some(4)]);
+    assert!(s2.set_gateways(two, Millis(0)).is_empty());
+    dispatched(offer(&mut s2, ticket(1, 1, 0)));
+    dispatched(offer(&mut s2, ticket(100, 2, 0)));
+    assert!(s2.set_reported_load(0, full, Millis(1)).is_empty());
+    for id in 2..=4 {
+        assert_eq!(offer(&mut s2, ticket(id, 1, 2)), Verdict::Queued);
+    }
+    assert!(release(&mut s2, 100, 10).dispatched.is_empty());
+    assert!(s2.tick(Millis(30)).is_empty());
+    let room = EngineLoad {
+        running: 3,
+        waiting: 0,
+        slots: None,
+    };
+    assert_eq!(ids(&s2.set_reported_load(0, room, Millis(200))), vec![2]);
+}
