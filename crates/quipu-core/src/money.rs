@@ -237,86 +237,69 @@ pub struct ExactDecimal {
     min_digits: usize,
 }
 
-/// Room for an [`ExactDecimal`]'s text: a sign and the 27 digits of the largest whole part
-/// before the point ([`POINT`]), then [`SCALE_DIGITS`] decimals.
-const TEXT_MAX: usize = POINT + 1 + SCALE_DIGITS as usize;
-const POINT: usize = 1 + 27;
+/// Twelve zeros: the leading zeros of a fraction, sliced.
+const ZEROS: &str = "000000000000";
+
+/// An [`ExactDecimal`]'s digits, formatted ([`ExactDecimal::parts`]).
+struct Digits {
+    whole: itoa::Buffer,
+    frac: itoa::Buffer,
+}
 
 impl ExactDecimal {
-    /// The text, written into `buf` from its last digit without the formatting machinery:
-    /// this runs for every answer (its `usage.cost`) and every access-log line, so it takes
-    /// 64-bit divisions whenever the amount fits (every real one does) and copies nothing.
-    fn render(self, buf: &mut [u8; TEXT_MAX]) -> &[u8] {
+    /// The text in pieces (sign, whole part, point, the fraction's leading zeros, its other
+    /// digits), formatted into `d` without the formatting machinery: this runs for every
+    /// answer (its `usage.cost`) and every access-log line, so it takes 64-bit divisions
+    /// whenever the amount fits (every real one does) and copies its digits directly.
+    fn parts(self, d: &mut Digits) -> [&str; 5] {
         let v = self.pen.0;
         let abs = v.unsigned_abs();
+        let sign = if v < 0 { "-" } else { "" };
         // The fraction is below 10^12, so it fits a u64.
         let (whole, mut frac) = match u64::try_from(abs) {
-            Ok(a) => (Whole::Small(a / SCALE as u64), a % SCALE as u64),
+            Ok(a) => (d.whole.format(a / SCALE as u64), a % SCALE as u64),
             Err(_) => (
-                Whole::Large(abs / SCALE as u128),
+                d.whole.format(abs / SCALE as u128),
                 (abs % SCALE as u128) as u64,
             ),
         };
-        // The 12 decimals after the point, then the fewest of them, at least `min_digits`:
-        // trailing zeros dropped.
-        for slot in buf[POINT + 1..].iter_mut().rev() {
-            *slot = b'0' + (frac % 10) as u8;
+        // Fewest decimals, at least `min_digits`: drop trailing zeros of the 12-digit fraction.
+        let mut digits = SCALE_DIGITS as usize;
+        while digits > self.min_digits && frac % 10 == 0 {
             frac /= 10;
+            digits -= 1;
         }
-        let mut end = TEXT_MAX;
-        while end - (POINT + 1) > self.min_digits && buf[end - 1] == b'0' {
-            end -= 1;
+        if digits == 0 {
+            return [sign, whole, "", "", ""];
         }
-        if end == POINT + 1 {
-            end = POINT; // no decimals: no point
-        } else {
-            buf[POINT] = b'.';
-        }
-        let mut start = POINT;
-        match whole {
-            Whole::Small(mut w) => loop {
-                start -= 1;
-                buf[start] = b'0' + (w % 10) as u8;
-                w /= 10;
-                if w == 0 {
-                    break;
-                }
-            },
-            Whole::Large(mut w) => loop {
-                start -= 1;
-                buf[start] = b'0' + (w % 10) as u8;
-                w /= 10;
-                if w == 0 {
-                    break;
-                }
-            },
-        }
-        if v < 0 {
-            start -= 1;
-            buf[start] = b'-';
-        }
-        &buf[start..end]
+        let frac = d.frac.format(frac);
+        let zeros = ZEROS.get(..digits.saturating_sub(frac.len())).unwrap_or("");
+        [sign, whole, ".", zeros, frac]
     }
 
     /// Appends the text to `out` (what its `Display` writes, without a `String` or the
     /// formatting machinery on the way).
     pub fn write_to(self, out: &mut Vec<u8>) {
-        let mut buf = [0; TEXT_MAX];
-        out.extend_from_slice(self.render(&mut buf));
+        let mut d = Digits {
+            whole: itoa::Buffer::new(),
+            frac: itoa::Buffer::new(),
+        };
+        for part in self.parts(&mut d) {
+            out.extend_from_slice(part.as_bytes());
+        }
     }
-}
-
-/// A whole part of soles: a u64 for any real amount, else the rare 128-bit one.
-enum Whole {
-    Small(u64),
-    Large(u128),
 }
 
 impl fmt::Display for ExactDecimal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut buf = [0; TEXT_MAX];
-        // ASCII digits, a sign and a point: always UTF-8.
-        f.write_str(std::str::from_utf8(self.render(&mut buf)).map_err(|_| fmt::Error)?)
+        let mut d = Digits {
+            whole: itoa::Buffer::new(),
+            frac: itoa::Buffer::new(),
+        };
+        for part in self.parts(&mut d) {
+            f.write_str(part)?;
+        }
+        Ok(())
     }
 }
 
@@ -326,8 +309,22 @@ impl serde::Serialize for ExactDecimal {
     /// `usage.cost`, on every answer).
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::Error;
-        let mut buf = [0; TEXT_MAX];
-        let text = std::str::from_utf8(self.render(&mut buf)).map_err(S::Error::custom)?;
+        let mut d = Digits {
+            whole: itoa::Buffer::new(),
+            frac: itoa::Buffer::new(),
+        };
+        // A sign, the 27 digits of the largest whole part, a point and 12 decimals fit.
+        let mut buf = [0u8; 48];
+        let mut len = 0;
+        for part in self.parts(&mut d) {
+            let end = len + part.len();
+            buf.get_mut(len..end)
+                .ok_or_else(|| S::Error::custom("an amount too long to write"))?
+                .copy_from_slice(part.as_bytes());
+            len = end;
+        }
+        let text =
+            std::str::from_utf8(buf.get(..len).unwrap_or_default()).map_err(S::Error::custom)?;
         let raw: &serde_json::value::RawValue =
             serde_json::from_str(text).map_err(S::Error::custom)?;
         raw.serialize(s)
