@@ -246,6 +246,15 @@ struct Digits {
     frac: itoa::Buffer,
 }
 
+impl Digits {
+    fn new() -> Digits {
+        Digits {
+            whole: itoa::Buffer::new(),
+            frac: itoa::Buffer::new(),
+        }
+    }
+}
+
 impl ExactDecimal {
     /// The text in pieces (sign, whole part, point, the fraction's leading zeros, its other
     /// digits), formatted into `d` without the formatting machinery: this runs for every
@@ -280,10 +289,7 @@ impl ExactDecimal {
     /// Appends the text to `out` (what its `Display` writes, without a `String` or the
     /// formatting machinery on the way).
     pub fn write_to(self, out: &mut Vec<u8>) {
-        let mut d = Digits {
-            whole: itoa::Buffer::new(),
-            frac: itoa::Buffer::new(),
-        };
+        let mut d = Digits::new();
         for part in self.parts(&mut d) {
             out.extend_from_slice(part.as_bytes());
         }
@@ -292,10 +298,7 @@ impl ExactDecimal {
 
 impl fmt::Display for ExactDecimal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut d = Digits {
-            whole: itoa::Buffer::new(),
-            frac: itoa::Buffer::new(),
-        };
+        let mut d = Digits::new();
         for part in self.parts(&mut d) {
             f.write_str(part)?;
         }
@@ -309,10 +312,7 @@ impl serde::Serialize for ExactDecimal {
     /// `usage.cost`, on every answer).
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::Error;
-        let mut d = Digits {
-            whole: itoa::Buffer::new(),
-            frac: itoa::Buffer::new(),
-        };
+        let mut d = Digits::new();
         // A sign, the 27 digits of the largest whole part, a point and 12 decimals fit.
         let mut buf = [0u8; 48];
         let mut len = 0;
