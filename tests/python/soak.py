@@ -282,11 +282,22 @@ def run(seconds: float, workdir: Path, threads: int = 8, warmup: float = 90.0) -
     # every simulator to be idle, so the last records are in before they are read.
     wait_until(lambda: all(s.stats()["in_flight"] == 0 for s in sims), 30, "the simulators to be idle")
     collect(sims, archive, seen)
-    time.sleep(0.5)
-    con = sqlite3.connect(gw.store_url.removeprefix("sqlite://"))
-    con.row_factory = sqlite3.Row
-    rows = [dict(r) for r in con.execute("SELECT * FROM ledger WHERE kind = 'request'")]
-    con.close()
+
+    def ledger_rows() -> list[dict]:
+        con = sqlite3.connect(gw.store_url.removeprefix("sqlite://"))
+        con.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in con.execute("SELECT * FROM ledger WHERE kind = 'request'")]
+        finally:
+            con.close()
+
+    # The ledger writer flushes in batches: poll (with a deadline) until every request an
+    # upstream saw has its row; what is still missing then is reported below as unbilled.
+    deadline = time.monotonic() + 15
+    rows = ledger_rows()
+    while time.monotonic() < deadline and not set(archive) <= {r["entry_id"] for r in rows}:
+        time.sleep(0.1)
+        rows = ledger_rows()
     mismatches = []
     expected = Decimal(0)
     recorded = Decimal(0)
