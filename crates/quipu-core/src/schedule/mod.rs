@@ -243,10 +243,7 @@ impl Scheduler {
         if let Some(r) = self.replicas.get_mut(replica) {
             let slots = load.slots.filter(|&s| s > 0);
             r.set_report(EngineLoad { slots, ..load }, now);
-            let room = r
-                .cap()
-                .is_some_and(|c| load.running.saturating_add(load.waiting) < c);
-            if room && r.ghosts > 0 {
+            if r.reports_show_room() && r.ghosts > 0 {
                 self.lay_ghosts(|g| g.replica == replica);
             }
         }

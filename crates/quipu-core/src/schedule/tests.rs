@@ -447,12 +447,14 @@ fn reported_load_holds_dispatch_while_the_engine_queues() {
     assert!(s.set_reported_load(0, full, Millis(0)).is_empty());
     assert_eq!(offer(&mut s, ticket(1, 1, 10)), Verdict::Queued);
     assert_eq!(offer(&mut s, ticket(2, 1, 20)), Verdict::Queued);
-    // The engine's queue drained and one slot is free: one dispatch, not two.
+    // The engine's queue drained and one slot is free. One report is not believed (the slot
+    // may be free for a millisecond); when the next one says the same: one dispatch, not two.
     let one_free = EngineLoad {
         running: 3,
         waiting: 0,
         slots: None,
     };
+    assert!(s.set_reported_load(0, one_free, Millis(300)).is_empty());
     let e = s.set_reported_load(0, one_free, Millis(500));
     assert_eq!(ids(&e), vec![1]);
     let snap = s.snapshot(Millis(500));
@@ -999,5 +1001,8 @@ fn with_several_gateways_a_lapsed_hold_keeps_its_slot_from_the_backlog_until_the
         waiting: 0,
         slots: None,
     };
-    assert_eq!(ids(&s2.set_reported_load(0, room, Millis(200))), vec![2]);
+    // Two reports in a row: one alone may have caught the slot in the instant between the
+    // tenant's requests through the other gateway.
+    assert!(s2.set_reported_load(0, room, Millis(200)).is_empty());
+    assert_eq!(ids(&s2.set_reported_load(0, room, Millis(400))), vec![2]);
 }
