@@ -197,13 +197,15 @@ impl ReplicaSlots {
         Some(latest.max(previous))
     }
 
-    /// Whether a report just set shows the engine with room, and the one before it did too.
-    pub fn reports_show_room(&self) -> bool {
-        let Some(cap) = self.cap() else {
+    /// Whether the latest report shows the engine with room, and the one before it did too
+    /// (unless that one is older than `ttl` by the latest's time).
+    pub fn reports_show_room(&self, ttl: Millis) -> bool {
+        let (Some(cap), Some(latest)) = (self.cap(), self.report.as_ref()) else {
             return false;
         };
         let room = |r: &Report| r.load.running.saturating_add(r.load.waiting) < cap;
-        self.report.as_ref().is_some_and(room) && self.previous.as_ref().is_none_or(room)
+        let previous = self.previous.filter(|p| latest.at.since(p.at) < ttl);
+        room(latest) && previous.as_ref().is_none_or(room)
     }
 
     /// Load and free room at `now` (see the module docs for the rule).

@@ -338,7 +338,7 @@ impl Scheduler {
         if !e.ticket.exclude.is_empty() {
             self.excluding[e.class as usize] -= 1;
         }
-        self.presence(e.ticket.tenant, |p| p.queued -= 1);
+        self.presence(e.ticket.tenant, |p| p.queued = p.queued.saturating_sub(1));
         Some(e)
     }
 }

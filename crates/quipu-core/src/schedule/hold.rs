@@ -163,7 +163,7 @@ impl Scheduler {
             let up = self.replicas.get(h.replica).is_some_and(|r| r.available);
             if nobody_waits || h.until <= now || !up {
                 self.holds.swap_remove(i);
-                self.presence(h.tenant, |p| p.held -= 1);
+                self.presence(h.tenant, |p| p.held = p.held.saturating_sub(1));
                 if h.until <= now && up && self.gateways.count > 1 {
                     self.haunt(h, now);
                 }
@@ -223,7 +223,7 @@ impl Scheduler {
             .iter()
             .position(|h| h.tenant == t.tenant && !t.exclude.contains(&h.replica))?;
         let h = self.holds.swap_remove(i);
-        self.presence(h.tenant, |p| p.held -= 1);
+        self.presence(h.tenant, |p| p.held = p.held.saturating_sub(1));
         // The engine's report may have changed since: the slot must still be free.
         let room = match self.occupancy(h.replica, now).free {
             Free::Unbounded => true,

@@ -216,7 +216,7 @@ impl Scheduler {
                 slots.on_release(r.dispatched_at);
             }
             if let Some(p) = self.per_tenant.get_mut(&r.tenant) {
-                p.running -= 1;
+                p.running = p.running.saturating_sub(1);
             }
             if r.holdable {
                 self.maybe_hold(r.tenant, r.replica, now);
@@ -243,7 +243,7 @@ impl Scheduler {
         if let Some(r) = self.replicas.get_mut(replica) {
             let slots = load.slots.filter(|&s| s > 0);
             r.set_report(EngineLoad { slots, ..load }, now);
-            if r.reports_show_room() && r.ghosts > 0 {
+            if r.reports_show_room(self.config.report_ttl) && r.ghosts > 0 {
                 self.lay_ghosts(|g| g.replica == replica);
             }
         }

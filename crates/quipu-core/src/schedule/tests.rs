@@ -664,6 +664,25 @@ impl World {
             .map(|(id, _)| *id)
             .collect();
         assert_eq!(snap.queued_interactive + snap.queued_batch, queued.len());
+        // Each tenant's presence (what the fair shares and holds count) is a recount of the
+        // fates and holds, and a tenant with nothing in the pool is forgotten.
+        let mut recount: HashMap<TenantId, (u32, u32, u32)> = HashMap::new();
+        for (id, fate) in &self.live {
+            let e = recount.entry(self.tickets[id].tenant).or_default();
+            match fate {
+                Fate::Queued => e.0 += 1,
+                Fate::Running(_) => e.1 += 1,
+            }
+        }
+        for h in &s.holds {
+            recount.entry(h.tenant).or_default().2 += 1;
+        }
+        let presence: HashMap<TenantId, (u32, u32, u32)> = s
+            .per_tenant
+            .iter()
+            .map(|(t, p)| (*t, (p.queued, p.running, p.held)))
+            .collect();
+        assert_eq!(presence, recount);
         let c = s.config();
         assert!(queued.len() <= c.max_queued as usize);
         // Settled: nothing waiting may use a free slot, nothing waits past its timeout.
