@@ -24,11 +24,12 @@
 //! unused does not hand its slot to this gateway's backlog: the tenant may be running in it
 //! through the other gateway. It counts as in use until the next report (which says), and as
 //! this gateway's own for its guaranteed share — a **ghost** — until the tenant comes back
-//! here, a report shows the engine with room, or [`GHOST_LIFE`] passes. Without the ghost,
-//! the gateway, below its guaranteed share, would send a request of its backlog to wait in the
-//! engine, and that request would take the next slot the tenant frees (B alternating between
-//! two gateways: p99 0.82 s instead of 0.29 s). The price, when the tenant did not come back
-//! and the engine stays full: one slot of this gateway's share lent to the others for a while.
+//! here, two reports in a row show the engine with room, or [`GHOST_LIFE`] passes. Without
+//! the ghost, the gateway, below its guaranteed share, would send a request of its backlog to
+//! wait in the engine, and that request would take the next slot the tenant frees (B
+//! alternating between two gateways: p99 0.82 s instead of 0.29 s). The price, when the
+//! tenant did not come back and the engine stays full: one slot of this gateway's share lent
+//! to the others for a while.
 //!
 use super::capacity::{share, Free};
 use super::types::{Dispatch, Millis, Placement, Priority, TenantId, Ticket};
@@ -52,7 +53,7 @@ pub(super) struct Ghost {
     pub until: Millis,
 }
 
-/// How long a ghost lasts at most, if neither its tenant comes back nor a report shows the
+/// How long a ghost lasts at most, if neither its tenant comes back nor two reports show the
 /// engine with room: long enough for a client alternating between gateways to come back
 /// (a few sequences), short enough that a gateway's guaranteed share is never lost for long.
 pub(super) const GHOST_LIFE: Millis = Millis(10_000);
@@ -175,7 +176,7 @@ impl Scheduler {
 
     /// A hold lapsed unused while others wait: with a fresh engine report, the slot counts as
     /// in use until the next report, and as this gateway's own for its guaranteed share until
-    /// the tenant comes back here or a report shows the engine with room.
+    /// the tenant comes back here or two reports in a row show the engine with room.
     fn haunt(&mut self, h: Hold, now: Millis) {
         let ttl = self.config.report_ttl;
         let Some(slots) = self.replicas.get_mut(h.replica) else {
