@@ -12,9 +12,8 @@
 //! `return_hold` (default 20 ms): the tenant's next request takes it at once, and if none
 //! comes in time the slot goes to the queue. A tenant's fair share here is this gateway's
 //! share of the pool's slots times its weight over the weights of every tenant present
-//! (running, waiting or holding);
-//! a tenant at or above it holds nothing, so a backlog never holds slots against others, and
-//! a tenant never holds more than its share. The price is bounded: a slot idles at most
+//! (running, waiting or holding); a tenant at or above it holds nothing, so a backlog never
+//! holds slots against others, and a tenant never holds more than its share. The price is bounded: a slot idles at most
 //! `return_hold` when the tenant does not come back, once per request of a tenant below its
 //! share — 2.5 % of a 0.8 s sequence at worst, nothing when it returns in time.
 //!
@@ -30,7 +29,7 @@
 //! alternating between two gateways: p99 0.82 s instead of 0.29 s). The price, when the
 //! tenant did not come back and the engine stays full: one slot of this gateway's share lent
 //! to the others for a while.
-//!
+
 use super::capacity::{share, Free};
 use super::types::{Dispatch, Millis, Placement, Priority, TenantId, Ticket};
 use super::Scheduler;

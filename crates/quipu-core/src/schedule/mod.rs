@@ -215,6 +215,8 @@ impl Scheduler {
             if let Some(slots) = self.replicas.get_mut(r.replica) {
                 slots.on_release(r.dispatched_at);
             }
+            // The tenant stays present until a hold is decided (a hold needs its weight and
+            // counts), then is forgotten if it has nothing left in the pool.
             if let Some(p) = self.per_tenant.get_mut(&r.tenant) {
                 p.running = p.running.saturating_sub(1);
             }

@@ -3,6 +3,15 @@
 use super::*;
 use std::collections::{BTreeMap, VecDeque};
 
+/// An engine's report without a slot count.
+fn engine(running: u32, waiting: u32) -> EngineLoad {
+    EngineLoad {
+        running,
+        waiting,
+        slots: None,
+    }
+}
+
 fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).unwrap()
 }
@@ -439,21 +448,13 @@ fn reported_load_holds_dispatch_while_the_engine_queues() {
     };
     let mut s = sched_with(config, &[Some(4)]);
     // Other gateways fill the engine: 4 running, 1 waiting in its own queue.
-    let full = EngineLoad {
-        running: 4,
-        waiting: 1,
-        slots: None,
-    };
+    let full = engine(4, 1);
     assert!(s.set_reported_load(0, full, Millis(0)).is_empty());
     assert_eq!(offer(&mut s, ticket(1, 1, 10)), Verdict::Queued);
     assert_eq!(offer(&mut s, ticket(2, 1, 20)), Verdict::Queued);
     // The engine's queue drained and one slot is free. One report is not believed (the slot
     // may be free for a millisecond); when the next one says the same: one dispatch, not two.
-    let one_free = EngineLoad {
-        running: 3,
-        waiting: 0,
-        slots: None,
-    };
+    let one_free = engine(3, 0);
     assert!(s.set_reported_load(0, one_free, Millis(300)).is_empty());
     let e = s.set_reported_load(0, one_free, Millis(500));
     assert_eq!(ids(&e), vec![1]);
@@ -769,11 +770,7 @@ fn random_operations_keep_the_invariants() {
                 }
                 80..=89 => s.tick(at),
                 90..=93 => {
-                    let load = EngineLoad {
-                        running: rng.below(4) as u32,
-                        waiting: rng.below(3) as u32,
-                        slots: None,
-                    };
+                    let load = engine(rng.below(4) as u32, rng.below(3) as u32);
                     s.set_reported_load(rng.below(3) as usize, load, at)
                 }
                 94..=96 => {
@@ -929,11 +926,7 @@ fn a_tenant_below_its_share_may_wait_at_the_head_of_a_full_engines_queue() {
     for id in 1..=4 {
         dispatched(offer(&mut s, ticket(id, 1, 0)));
     }
-    let full = EngineLoad {
-        running: 8,
-        waiting: 0,
-        slots: None,
-    };
+    let full = engine(8, 0);
     assert!(s.set_reported_load(0, full, Millis(1)).is_empty());
     assert_eq!(offer(&mut s, ticket(5, 1, 2)), Verdict::Queued);
     // Tenant 2, below its share, goes on to the engine (a slot another gateway holds for
@@ -943,11 +936,7 @@ fn a_tenant_below_its_share_may_wait_at_the_head_of_a_full_engines_queue() {
     // ...one at a time: the engine now looks over-full.
     assert_eq!(offer(&mut s, ticket(101, 3, 4)), Verdict::Queued);
     // Not while the engine queues on its own, nor for a tenant above its share.
-    let waiting = EngineLoad {
-        running: 8,
-        waiting: 1,
-        slots: None,
-    };
+    let waiting = engine(8, 1);
     assert!(s.set_reported_load(0, waiting, Millis(5)).is_empty());
     assert_eq!(offer(&mut s, ticket(102, 4, 6)), Verdict::Queued);
     assert!(s.set_reported_load(0, full, Millis(7)).is_empty());
@@ -986,11 +975,7 @@ fn with_several_gateways_a_lapsed_hold_keeps_its_slot_from_the_backlog_until_the
     assert!(s.set_gateways(two, Millis(0)).is_empty());
     dispatched(offer(&mut s, ticket(1, 1, 0)));
     dispatched(offer(&mut s, ticket(100, 2, 0)));
-    let full = EngineLoad {
-        running: 4,
-        waiting: 0,
-        slots: None,
-    };
+    let full = engine(4, 0);
     assert!(s.set_reported_load(0, full, Millis(1)).is_empty());
     for id in 2..=4 {
         assert_eq!(offer(&mut s, ticket(id, 1, 2)), Verdict::Queued);
@@ -1015,11 +1000,7 @@ fn with_several_gateways_a_lapsed_hold_keeps_its_slot_from_the_backlog_until_the
     }
     assert!(release(&mut s2, 100, 10).dispatched.is_empty());
     assert!(s2.tick(Millis(30)).is_empty());
-    let room = EngineLoad {
-        running: 3,
-        waiting: 0,
-        slots: None,
-    };
+    let room = engine(3, 0);
     // Two reports in a row: one alone may have caught the slot in the instant between the
     // tenant's requests through the other gateway.
     assert!(s2.set_reported_load(0, room, Millis(200)).is_empty());
